@@ -1,0 +1,229 @@
+"""End to end: tcli train / translate as a user runs them, exact resume, signals, and errors (exit code 2)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import ROOT, TOY, run_tcli
+
+TINY = """
+data: {{dir: {data}, src_lang: src, tgt_lang: tgt, train: train, valid: val, test: test, max_len: 60}}
+vocab: {{size: 120}}
+model: {{d_model: 32, heads: 4, ffn_dim: 64, enc_layers: 2, dec_layers: 2, dropout: 0.1}}
+train: {{max_steps: {steps}, max_tokens: 400, accum_steps: 2, lr: 0.003, warmup_steps: 5, precision: fp32,
+        eval_every: 6, save_every: 2, log_every: 2, seed: 3}}
+eval: {{beam: 2, max_len_b: 5}}
+"""
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory) -> Path:
+    """The first lines of the toy corpus: an epoch of about 20 batches."""
+    out = tmp_path_factory.mktemp("toy_small")
+    for split, n in (("train", 500), ("val", 30), ("test", 30)):
+        for lang in ("src", "tgt"):
+            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (out / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def tiny_config(tmp_path: Path, data: Path, steps: int = 24) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY.format(data=data, steps=steps))
+    return path
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoints" / "last.pt", weights_only=True)["model"]
+
+
+def events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+KILLER = """
+import os, signal, sys
+from transformer_cli.train import checkpoint, loop
+KILL_STEP, WHERE = int(sys.argv[1]), sys.argv[2]
+original_step, original_replace = loop.Trainer.train_step, os.replace
+def train_step(self, *args, **kwargs):
+    if WHERE == "step" and self.state.step == KILL_STEP:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original_step(self, *args, **kwargs)
+def replace(src, dst):
+    if WHERE == "save" and str(dst).endswith("last.pt") and f"step_{KILL_STEP}.pt" in os.listdir(os.path.dirname(dst)):
+        os.kill(os.getpid(), signal.SIGKILL)  # the temporary file is written, the rename never happens
+    return original_replace(src, dst)
+loop.Trainer.train_step = train_step
+checkpoint.os.replace = replace
+from transformer_cli.cli import main
+sys.argv = ["tcli", *sys.argv[3:]]
+main()
+"""
+
+
+def run_killed(kill_step: int, where: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", KILLER, str(kill_step), where, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("where, kill_step", [("step", 7), ("save", 8)])
+def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, small_data, where, kill_step):
+    config = tiny_config(tmp_path, small_data)
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    done = run_tcli("train", "--config", str(config), "--out", str(straight), "--quiet")
+    assert done.returncode == 0, done.stderr
+
+    crash = run_killed(kill_step, where, "train", "--config", str(config), "--out", str(killed), "--quiet")
+    assert crash.returncode == -signal.SIGKILL
+    saved = torch.load(killed / "checkpoints" / "last.pt", weights_only=True)["train_state"]["step"]
+    assert saved < 24  # really interrupted; the killed save left the previous last.pt intact and loadable
+    resumed = run_tcli("train", "--config", str(config), "--out", str(killed), "--resume", "auto", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+
+    a, b = final_weights(straight), final_weights(killed)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key  # bitwise, fp32 on CPU
+    steps = [e["step"] for e in events(killed) if e["event"] == "train"]
+    assert steps == sorted(set(steps)) == [e["step"] for e in events(straight) if e["event"] == "train"]
+
+
+def test_sigterm_saves_last_and_resume_continues(tmp_path, small_data):
+    config = tiny_config(tmp_path, small_data, steps=100000)
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "transformer_cli", "train", "--config", str(config), "--out",
+                             str(run), "--set", "train.save_every=1000", "--set", "train.eval_every=1000"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run / "metrics.jsonl").exists():
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert state["train_state"]["step"] >= 2
+    assert "resume with --resume auto" in err
+    again = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto",
+                     "--set", f"train.max_steps={state['train_state']['step'] + 2}", "--quiet")
+    assert again.returncode == 0, again.stderr
+    assert events(run)[-1]["event"] == "end" and events(run)[-1]["step"] == state["train_state"]["step"] + 2
+
+
+def test_train_then_translate_end_to_end(tmp_path, small_data):
+    config = tiny_config(tmp_path, small_data, steps=12)
+    run = tmp_path / "run"
+    result = run_tcli("train", "--config", str(config), "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    ckpt = run / "checkpoints"
+    assert {"best.pt", "last.pt"} <= {p.name for p in ckpt.iterdir()}
+    assert len(list(ckpt.glob("step_*.pt"))) == 3  # keep_last default
+    assert (run / "config.yaml").exists() and (run / "vocab" / "joint.model").exists()
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    log = events(run)
+    train = [e for e in log if e["event"] == "train"]
+    assert set(train[0]) == {"event", "step", "epoch", "loss", "lr", "grad_norm", "tgt_tokens_per_sec"}
+    assert all(e["tgt_tokens_per_sec"] > 0 for e in train)
+    evals = [e for e in log if e["event"] == "eval"]
+    assert [e["step"] for e in evals] == [6, 12] and {"valid_loss", "valid_ppl", "bleu"} <= set(evals[0])
+    assert log[-1]["event"] == "end" and {"best_bleu", "wall_s"} <= set(log[-1])
+    assert "BLEU" in result.stderr and "nrefs:1" in result.stderr  # sacreBLEU signature printed
+
+    lines = ["A girl takes a new doctor.", "", "The egg carries the white boat."]
+    out = run_tcli("translate", "--checkpoint", str(ckpt / "best.pt"), "--beam", "3", input="\n".join(lines) + "\n")
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.split("\n")) == 4 and out.stdout.split("\n")[1] == ""
+    assert "sentences/s" in out.stderr
+
+    nbest = run_tcli("translate", "--checkpoint", str(ckpt / "last.pt"), "--beam", "3", "--nbest", "2",
+                     "--input", str(small_data / "test.src"), "--reference", str(small_data / "test.tgt"),
+                     "--stats-json", str(tmp_path / "stats.json"), "--quiet")
+    assert nbest.returncode == 0, nbest.stderr
+    rows = nbest.stdout.splitlines()
+    assert len(rows) == 60 and rows[0].split("\t")[0] == "0" and rows[-1].split("\t")[0] == "29"
+    assert "BLEU" in nbest.stderr and "chrF" in nbest.stderr and "sentences/s" not in nbest.stderr
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["sentences"] == 30 and stats["tokens_per_sec"] > 0 and "bleu" in stats
+
+
+def test_new_run_refuses_to_overwrite_and_resume_checks_data(tmp_path, small_data):
+    config = tiny_config(tmp_path, small_data, steps=2)
+    run = tmp_path / "run"
+    assert run_tcli("train", "--config", str(config), "--out", str(run), "--quiet").returncode == 0
+    again = run_tcli("train", "--config", str(config), "--out", str(run), "--quiet")
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in small_data.iterdir():
+        (other / f.name).write_text(f.read_text().replace("dog", "cat"))
+    changed = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet",
+                       "--set", f"data.dir={other}")
+    assert changed.returncode == 2 and "training data differ" in changed.stderr
+    model = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet",
+                     "--set", "model.ffn_dim=48")
+    assert model.returncode == 2 and "model: section differs" in model.stderr
+
+
+def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_bad_data_gets_one_line_errors(tmp_path, small_data):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in small_data.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    config = tiny_config(tmp_path, bad, steps=2)
+    (bad / "train.tgt").write_text("only\ntwo lines\n")
+    one_line_error(run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r1")),
+                   "train.src has 500 lines", "train.tgt has 2")
+    (bad / "train.tgt").write_bytes((small_data / "train.tgt").read_bytes().replace(b"\n", b"\n\xc3(", 1))
+    one_line_error(run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r2")),
+                   "train.tgt line 2: invalid UTF-8")
+    (bad / "train.tgt").unlink()
+    one_line_error(run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r3")),
+                   "data file not found", "train.tgt")
+
+
+def test_bad_config_and_options_get_one_line_errors(tmp_path, small_data):
+    config = tiny_config(tmp_path, small_data, steps=2)
+    one_line_error(run_tcli("train", "--config", str(tmp_path / "missing.yaml")), "config file not found")
+    one_line_error(run_tcli("train", "--config", str(config), "--set", "model.heads=5"),
+                   "model.d_model (32) must be divisible by model.heads (5)", str(config))
+    one_line_error(run_tcli("train", "--config", str(config), "--set", "train.warmup=3"),
+                   "train.warmup: unknown key", str(config))
+    one_line_error(run_tcli("train", "--config", str(config), "--resume", "yes"), "--resume 'yes'")
+    one_line_error(run_tcli("train", "--config", str(config), "--device", "cuda", "--out", str(tmp_path / "r"))
+                   if not torch.cuda.is_available() else run_tcli("train", "--config", "nope.yaml"),
+                   "cuda" if not torch.cuda.is_available() else "nope.yaml")
+
+
+def test_translate_errors(tmp_path):
+    one_line_error(run_tcli("translate", "--checkpoint", str(tmp_path / "none.pt")), "checkpoint not found")
+    text = tmp_path / "text.pt"
+    text.write_text("not a checkpoint")
+    one_line_error(run_tcli("translate", "--checkpoint", str(text)), "is not a readable tcli checkpoint")
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    one_line_error(run_tcli("translate", "--checkpoint", str(foreign)), "is not a tcli checkpoint")
+    bert = tmp_path / "bert.pt"
+    torch.save({"tcli": {"kind": "bert"}, "model": {}}, bert)
+    one_line_error(run_tcli("translate", "--checkpoint", str(bert)), "holds a bert model")
+
+
+def test_help_and_module_entry_point():
+    result = run_tcli("--help")
+    assert result.returncode == 0 and "train" in result.stdout and "translate" in result.stdout

@@ -1,0 +1,185 @@
+"""Properties of the translation model and its decoding: each test can fail on a real bug."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_cli.decode import beam_search, greedy_search
+from transformer_cli.models.layers import sinusoidal_positions
+from transformer_cli.models.transformer import Transformer, smoothed_cross_entropy
+
+PAD, BOS, EOS = 0, 2, 3
+
+
+def tiny(**kw) -> Transformer:
+    torch.manual_seed(0)
+    args = dict(src_vocab_size=40, tgt_vocab_size=40, d_model=32, heads=4, ffn_dim=64, enc_layers=2, dec_layers=2,
+                dropout=0.0, max_positions=64)
+    args.update(kw)
+    return Transformer(**args).eval()
+
+
+def random_src(B: int, T: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, 40, (B, T), generator=g)
+
+
+def test_positional_encoding_formula():
+    d = 16
+    table = sinusoidal_positions(50, d)
+    for i in (0, 1, 7, 49):
+        for j in range(d // 2):
+            angle = i / 10000 ** (2 * j / d)
+            assert table[i, 2 * j].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[i, 2 * j + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_padding_changes_no_real_position(norm_first):
+    model = tiny(norm_first=norm_first)
+    src, tgt = random_src(3, 7), random_src(3, 5, seed=2)
+    ref = model(src, tgt)
+    padded_src = torch.cat([src, torch.full((3, 4), PAD)], 1)
+    padded_tgt = torch.cat([tgt, torch.full((3, 3), PAD)], 1)
+    out = model(padded_src, padded_tgt)
+    torch.testing.assert_close(out[:, :5], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_of_other_rows_changes_nothing():
+    model = tiny()
+    a, b = random_src(1, 6), random_src(1, 9, seed=3)
+    tgt = random_src(1, 4, seed=4)
+    alone = model(a, tgt)
+    batch_src = torch.cat([torch.cat([a, torch.full((1, 3), PAD)], 1), b])
+    together = model(batch_src, torch.cat([tgt, tgt]))
+    torch.testing.assert_close(together[:1], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_causal_mask_future_token_never_changes_earlier_output():
+    model = tiny()
+    src, tgt = random_src(2, 6), random_src(2, 8, seed=5)
+    base = model(src, tgt)
+    changed = tgt.clone()
+    changed[:, 5:] = (changed[:, 5:] + 7) % 36 + 4
+    out = model(src, changed)
+    torch.testing.assert_close(out[:, :5], base[:, :5], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out[:, 5:], base[:, 5:], atol=1e-3)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_incremental_decoding_with_cache_equals_full_forward(norm_first):
+    model = tiny(norm_first=norm_first)
+    src, tgt = random_src(3, 7), random_src(3, 6, seed=6)
+    src[0, 5:] = PAD
+    full = model(src, tgt)  # (B, T, V)
+    memory, pad_mask = model.encode(src)
+    state = model.start_decoding(memory, pad_mask, rows_per_sentence=1, max_len=6)
+    steps = [model.decode_step(tgt[:, t : t + 1], state) for t in range(6)]
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_groups_beams_without_copying_memory():
+    """Rows r*B of hypotheses attend to their own sentence's keys (the beam layout of decode_step)."""
+    model = tiny()
+    src, tgt = random_src(2, 5), random_src(2, 3, seed=7)
+    memory, pad_mask = model.encode(src)
+    state = model.start_decoding(memory, pad_mask, rows_per_sentence=3, max_len=3)
+    rows = tgt.repeat_interleave(3, dim=0)  # (6, 3): three identical beams per sentence
+    out = torch.stack([model.decode_step(rows[:, t : t + 1], state) for t in range(3)], 1)
+    ref = model(src, tgt).repeat_interleave(3, dim=0)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_beam_one_equals_greedy():
+    model = tiny()
+    src = random_src(6, 8, seed=8)
+    src[1, 4:] = PAD
+    greedy = greedy_search(model, src, BOS, EOS, max_len_a=1.0, max_len_b=5)
+    beam = beam_search(model, src, BOS, EOS, beam=1, max_len_a=1.0, max_len_b=5)
+    assert [h[0].tokens for h in beam] == greedy
+    assert any(len(g) > 0 for g in greedy)
+
+
+def test_beam_search_is_batch_invariant_and_sorted():
+    model = tiny()
+    src = random_src(4, 6, seed=9)
+    together = beam_search(model, src, BOS, EOS, beam=4, nbest=4, max_len_b=6)
+    for i in range(4):
+        alone = beam_search(model, src[i : i + 1], BOS, EOS, beam=4, nbest=4, max_len_b=6)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
+        scores = [h.score for h in together[i]]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_beam_scores_are_length_normalised_log_probs():
+    """The reported score equals the model's summed log-probability of the tokens / length**lenpen."""
+    model = tiny()
+    src = random_src(2, 5, seed=10)
+    hyps = beam_search(model, src, BOS, EOS, beam=3, lenpen=0.6, max_len_b=6)
+    for i, nbest in enumerate(hyps):
+        h = nbest[0]
+        seq = torch.tensor([[BOS] + h.tokens + [EOS]])
+        logp = F.log_softmax(model(src[i : i + 1], seq[:, :-1]), -1)[0]
+        total = logp.gather(-1, seq[0, 1:, None]).sum().item()
+        assert h.score == pytest.approx(total / (len(h.tokens) + 1) ** 0.6, abs=1e-4)
+
+
+def test_beam_respects_max_length():
+    model = tiny()
+    src = random_src(3, 4, seed=11)
+    for nbest in beam_search(model, src, BOS, EOS, beam=3, max_len_a=0.0, max_len_b=3):
+        assert all(len(h.tokens) <= 2 for h in nbest)  # 3 tokens including EOS
+
+
+def test_shared_and_tied_embeddings():
+    model = tiny(share_embeddings=True, tie_output=True)
+    assert model.src_embed.weight is model.tgt_embed.weight is model.out_proj.weight
+    untied = tiny(share_embeddings=False, tie_output=False, tgt_vocab_size=50)
+    assert untied.out_proj.weight is not untied.tgt_embed.weight
+    assert untied.out_proj.weight.shape == (50, 32)
+    with pytest.raises(ValueError, match="one vocabulary"):
+        tiny(share_embeddings=True, tgt_vocab_size=50)
+
+
+def test_smoothed_cross_entropy_matches_pytorch():
+    g = torch.Generator().manual_seed(0)
+    logits, target = torch.randn(10, 30, generator=g), torch.randint(0, 30, (10,), generator=g)
+    out = smoothed_cross_entropy(logits, target, 0.1)
+    ref = F.cross_entropy(logits, target, label_smoothing=0.1, reduction="sum")
+    assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert out.nll.item() == pytest.approx(F.cross_entropy(logits, target, reduction="sum").item(), rel=1e-5)
+
+
+def test_loss_ignores_padding_positions():
+    model = tiny()
+    src, tgt = random_src(2, 5), random_src(2, 4, seed=12)
+    labels = tgt.clone()
+    labels[0, 2:] = PAD
+    out = model(src, tgt, labels=labels, label_smoothing=0.1)
+    assert out.tokens.item() == 6
+    logits = model(src, tgt)
+    keep = labels.ne(PAD)
+    ref = F.cross_entropy(logits[keep], labels[keep], label_smoothing=0.1, reduction="sum")
+    assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    # Changing the prediction targets at padded positions cannot change the loss.
+    tgt2 = tgt.clone()
+    tgt2[0, 3] = 9
+    assert model(src, tgt2, labels=labels).loss.item() == pytest.approx(model(src, tgt, labels=labels).loss.item())
+
+
+def test_model_overfits_one_batch():
+    torch.manual_seed(0)
+    model = tiny().train()
+    src, tgt = random_src(4, 6), random_src(4, 5, seed=13)
+    labels = torch.cat([tgt[:, 1:], torch.full((4, 1), EOS)], 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        out = model(src, tgt, labels=labels)
+        (out.loss / out.tokens).backward()
+        opt.step()
+        opt.zero_grad()
+    assert (out.loss / out.tokens).item() < 0.05

@@ -1,0 +1,156 @@
+"""The `tcli` command line. Each command loads its config, calls one library function, returns an exit code.
+
+Heavy imports (torch) happen inside the commands so that `tcli --help` is instant.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    name="tcli",
+    help="Train Transformer translation models and pretrain BERT from one YAML file.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run configuration")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a key: --set train.lr=0.001 (repeatable)")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="run directory (default runs/<config name>)")]
+ResumeOpt = Annotated[str | None, typer.Option("--resume", help="'auto': continue from <out>/checkpoints/last.pt")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or log lines")]
+
+
+def user_errors(fn):
+    """A user's mistake (UserError) prints one line and exits with code 2; never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from transformer_cli.errors import UserError
+
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _resume_flag(resume: str | None) -> bool:
+    from transformer_cli.errors import UserError
+
+    if resume is None:
+        return False
+    if resume != "auto":
+        raise UserError(f"--resume {resume!r}: the supported value is 'auto' (continue from <out>/checkpoints/last.pt)")
+    return True
+
+
+def _run_dir(out: Path | None, config: Path) -> Path:
+    return out if out is not None else Path("runs") / config.stem
+
+
+@app.command()
+@user_errors
+def train(config: ConfigOpt, set_: SetOpt = None, out: OutOpt = None, resume: ResumeOpt = None,
+          device: DeviceOpt = "auto", quiet: QuietOpt = False) -> None:
+    """Train an encoder-decoder translation model."""
+    from transformer_cli.config import TranslationRunConfig, load_config
+    from transformer_cli.tasks.translation import train_translation
+
+    cfg = load_config(TranslationRunConfig, config, set_)
+    train_translation(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet)
+
+
+
+@app.command()
+@user_errors
+def translate(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a .pt file written by tcli train")],
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="one sentence per line (default stdin)")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default stdout)")] = None,
+    beam: Annotated[int, typer.Option("--beam", min=1, help="beam size; 1 is greedy")] = 5,
+    lenpen: Annotated[float, typer.Option("--lenpen", min=0.0, help="rank by score / length**lenpen")] = 1.0,
+    max_len_a: Annotated[float, typer.Option("--max-len-a", min=0.0, help="max length = a * source + b")] = 1.2,
+    max_len_b: Annotated[int, typer.Option("--max-len-b", min=1, help="see --max-len-a")] = 10,
+    nbest: Annotated[int, typer.Option("--nbest", min=1, help="print n hypotheses per line: index, score, text")] = 1,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=16, help="source tokens per batch")] = 8000,
+    reference: Annotated[Path | None, typer.Option("--reference", help="print sacreBLEU and chrF against it")] = None,
+    device: DeviceOpt = "auto",
+    precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "auto",
+    stats_json: Annotated[Path | None, typer.Option("--stats-json", help="write speed statistics as JSON")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Translate a file or stdin with beam search."""
+    from transformer_cli.decode import DecodeOptions
+    from transformer_cli.errors import UserError
+    from transformer_cli.translate import run_translate
+
+    if nbest > beam:
+        raise UserError(f"--nbest {nbest} cannot exceed --beam {beam}")
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    opts = DecodeOptions(beam, lenpen, max_len_a, max_len_b, max_tokens, nbest)
+    run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json)
+
+
+@app.command("pretrain-bert")
+@user_errors
+def pretrain_bert(config: ConfigOpt, set_: SetOpt = None, out: OutOpt = None, resume: ResumeOpt = None,
+                  device: DeviceOpt = "auto", quiet: QuietOpt = False,
+                  init_from_hf: Annotated[Path | None, typer.Option(
+                      "--init-from-hf", help="start from a folder written by tcli export-hf")] = None) -> None:
+    """Pretrain BERT (masked LM + next sentence prediction) on your own text."""
+    from transformer_cli.config import BertRunConfig, load_config
+    from transformer_cli.tasks.bert import pretrain_bert as run
+
+    cfg = load_config(BertRunConfig, config, set_)
+    run(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet, init_from_hf=init_from_hf)
+
+
+@app.command("export-hf")
+@user_errors
+def export_hf(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a BERT checkpoint from tcli pretrain-bert")],
+    out: Annotated[Path, typer.Option("--out", help="folder to write (config.json, model.safetensors, ...)")],
+) -> None:
+    """Write a BERT checkpoint as a folder transformers' BertForPreTraining loads."""
+    from transformer_cli.hf import export_hf as run
+
+    folder = run(checkpoint, out)
+    print(f"wrote {folder} (config.json, model.safetensors, spiece.model, vocab.txt)", file=sys.stderr)
+
+
+@app.command("count-params")
+@user_errors
+def count_params(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="a translation or BERT YAML config")] = None,
+    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="a .pt checkpoint")] = None,
+    preset: Annotated[str | None, typer.Option("--preset", help="bert-base | bert-large | transformer-base | "
+                                               "transformer-big")] = None,
+    set_: SetOpt = None,
+    json_: Annotated[bool, typer.Option("--json", help="print the numbers as JSON")] = False,
+) -> None:
+    """Exact parameter counts by component, with the closed-form formula."""
+    from transformer_cli.params import run_count_params
+
+    run_count_params(config, checkpoint, preset, set_, json_)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,320 @@
+"""Typed run configuration: YAML file -> validated, frozen config sections.
+
+One YAML file describes a run; `--set a.b=c` overrides any key (values parsed as YAML scalars).
+Unknown keys, wrong types and out-of-range values fail at load time with one line that names
+the key path and the file. Each component receives only its own section (`cfg.model`, `cfg.train`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from transformer_cli.errors import UserError
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-3` as a string; read it as the float every user means."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*(?:[eE][-+]?[0-9]+)|\.[0-9_]+(?:[eE][-+]?[0-9]+)?)$"),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
+class Section(BaseModel):
+    """Base of every config section: frozen, and an unknown key is an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def check(self) -> None:
+        """Cross-field checks; raise ValueError naming the keys involved."""
+
+
+# ----------------------------------------------------------------------------- shared sections
+
+
+class VocabConfig(Section):
+    """The sentencepiece vocabulary, trained from the training text on the first run."""
+
+    size: int = Field(8000, ge=16, le=1_000_000, description="target vocabulary size (an upper bound)")
+    type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
+    joint: bool = Field(True, description="one vocabulary for source and target (needed to share embeddings)")
+    character_coverage: float = Field(1.0, gt=0.0, le=1.0, description="share of characters covered")
+    max_sentences: int = Field(2_000_000, ge=1, description="at most this many lines train the vocabulary")
+
+
+class TrainConfig(Section):
+    """The shared trainer: optimisation, precision, evaluation and checkpoint cadence."""
+
+    max_steps: int | None = Field(None, ge=1, description="stop after this many updates")
+    max_epochs: int | None = Field(None, ge=1, description="stop after this many passes over the data")
+    lr: float = Field(5e-4, gt=0.0, le=10.0, description="peak learning rate")
+    warmup_steps: int = Field(4000, ge=0, description="linear warmup from 0 to lr")
+    schedule: Literal["inverse_sqrt", "linear", "constant"] = Field(
+        "inverse_sqrt", description="after warmup: lr*sqrt(warmup/step), linear decay to 0, or constant"
+    )
+    adam_betas: tuple[float, float] = Field((0.9, 0.98), description="AdamW betas")
+    adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    clip_norm: float = Field(1.0, ge=0.0, description="gradient-norm clipping; 0 disables")
+    accum_steps: int = Field(1, ge=1, description="micro-batches accumulated per update")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 autocast where the hardware has bf16 matmul, else fp16/fp32"
+    )
+    seed: int = Field(1, ge=0, description="seeds data order, initialisation and dropout")
+    eval_every: int = Field(1000, ge=1, description="evaluate every this many updates")
+    save_every: int | None = Field(None, ge=1, description="write last.pt every this many updates (default eval_every)")
+    log_every: int = Field(50, ge=1, description="log training metrics every this many updates")
+    keep_last: int = Field(3, ge=0, description="step checkpoints kept besides best.pt and last.pt")
+    patience: int | None = Field(None, ge=1, description="stop after this many evaluations without improvement")
+    compile: bool = Field(False, description="torch.compile the model")
+
+
+# ----------------------------------------------------------------------------- translation
+
+
+class TranslationDataConfig(Section):
+    """Parallel text: `{split}.{lang}` files under `dir`, one sentence per line."""
+
+    dir: str = Field("data/toy", description="folder with the parallel text files")
+    src_lang: str = Field("src", min_length=1, description="source file suffix, e.g. en")
+    tgt_lang: str = Field("tgt", min_length=1, description="target file suffix, e.g. de")
+    train: str = Field("train", min_length=1, description="training split name")
+    valid: str = Field("val", min_length=1, description="validation split name")
+    test: str | None = Field("test", description="test split name, scored at the end of training (null: none)")
+    max_len: int = Field(128, ge=1, description="training pairs with a side longer than this (in pieces) are dropped")
+
+
+class TransformerConfig(Section):
+    """The encoder-decoder Transformer of "Attention Is All You Need"."""
+
+    d_model: int = Field(512, ge=2, description="model width")
+    heads: int = Field(8, ge=1, description="attention heads; must divide d_model")
+    ffn_dim: int = Field(2048, ge=1, description="inner size of the position-wise feed-forward network")
+    enc_layers: int = Field(6, ge=1, description="encoder blocks")
+    dec_layers: int = Field(6, ge=1, description="decoder blocks")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on embeddings and sub-layer outputs")
+    attention_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on attention weights")
+    activation: Literal["relu", "gelu"] = Field("relu", description="FFN non-linearity")
+    norm: Literal["post", "pre"] = Field("post", description="post-norm (the paper) or pre-norm")
+    share_embeddings: bool = Field(True, description="one matrix for source and target embeddings (joint vocab)")
+    tie_output: bool = Field(True, description="output projection shares the target embedding matrix")
+    max_positions: int = Field(1024, ge=2, description="longest sequence the positional table covers")
+
+
+class EvalConfig(Section):
+    """Validation decoding during training."""
+
+    beam: int = Field(5, ge=1, description="beam size for validation BLEU")
+    lenpen: float = Field(1.0, ge=0.0, description="length penalty: score / length**lenpen")
+    max_len_a: float = Field(1.2, ge=0.0, description="max output length = a * source length + b")
+    max_len_b: int = Field(10, ge=1, description="see max_len_a")
+    max_tokens: int = Field(8000, ge=16, description="source tokens per decoding batch")
+    bleu: bool = Field(True, description="decode the validation set and score BLEU at each evaluation")
+
+
+class TranslationTrainConfig(TrainConfig):
+    max_tokens: int = Field(4096, ge=16, description="padded tokens per side in a batch")
+    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="label smoothing epsilon of the loss")
+
+
+class TranslationRunConfig(Section):
+    """`tcli train`: a translation run."""
+
+    data: TranslationDataConfig = TranslationDataConfig()
+    vocab: VocabConfig = VocabConfig()
+    model: TransformerConfig = TransformerConfig()
+    train: TranslationTrainConfig = TranslationTrainConfig()
+    eval: EvalConfig = EvalConfig()
+
+    def check(self) -> None:
+        m = self.model
+        if m.d_model % m.heads:
+            raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
+        if m.d_model % 2:
+            raise ValueError(f"model.d_model ({m.d_model}) must be even for the sinusoidal positions")
+        if m.share_embeddings and not self.vocab.joint:
+            raise ValueError("model.share_embeddings needs vocab.joint: true (or set model.share_embeddings: false)")
+        if self.data.max_len + 2 > m.max_positions:
+            raise ValueError(f"data.max_len ({self.data.max_len}) + 2 exceeds model.max_positions ({m.max_positions})")
+        _check_train(self.train)
+
+
+def _check_train(t: TrainConfig) -> None:
+    if t.max_steps is None and t.max_epochs is None:
+        raise ValueError("set train.max_steps or train.max_epochs (or both) so the run can end")
+    if not all(0.0 <= b < 1.0 for b in t.adam_betas):
+        raise ValueError(f"train.adam_betas {t.adam_betas} must lie in [0, 1)")
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`["train.lr=1e-3", "model.norm=pre"]` -> nested dict; values are YAML scalars."""
+    nested: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise UserError(f"--set {pair!r}: expected key.sub=value, e.g. --set train.lr=0.001")
+        try:
+            value = yaml_load(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        node = nested
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UserError(f"--set {pair!r}: {part} is set twice, once as a value and once as a section")
+            node = child
+        node[leaf] = value
+    return nested
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, turning every failure into a one-line UserError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config file {path}: {e}") from None
+    try:
+        raw = yaml_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{path}{where}: invalid YAML: {problem}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a mapping of sections (data:, model:, train:, ...), "
+                        f"got {type(raw).__name__}")
+    return raw
+
+
+def build_config(schema: type[Section], raw: dict[str, Any], source: str) -> Any:
+    """Validate a nested dict against `schema`; errors name the key path and `source`."""
+    try:
+        cfg = schema.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key; valid keys here: {_valid_keys(schema, err['loc'][:-1])}"
+        elif "input" in err and not isinstance(err["input"], dict):
+            msg = f"{msg} (got {err['input']!r})"
+        more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        raise UserError(f"config error in {source}: {key}: {msg}{more}") from None
+    try:
+        cfg.check()
+    except ValueError as e:
+        raise UserError(f"config error in {source}: {e}") from None
+    return cfg
+
+
+def _valid_keys(schema: type[BaseModel], loc: tuple) -> str:
+    model: Any = schema
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not isinstance(field.annotation, type):
+            return "?"
+        model = field.annotation
+    return ", ".join(model.model_fields)
+
+
+def load_config(schema: type[Section], path: str | Path | None, overrides: list[str] | None = None) -> Any:
+    """Load `path` (or only defaults when None), apply `--set` overrides, validate."""
+    raw = read_yaml(path) if path is not None else {}
+    source = str(path) if path is not None else "defaults"
+    if overrides:
+        raw = _merge(raw, parse_overrides(overrides))
+        source += " with --set " + " ".join(overrides)
+    return build_config(schema, raw, source)
+
+
+def dump_config(cfg: Section) -> str:
+    """The fully resolved config as YAML (every key, defaults included)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=None)
+
+
+# ----------------------------------------------------------------------------- BERT
+
+
+class BertDataConfig(Section):
+    """Pretraining text: documents separated by blank lines (or WikiText headings)."""
+
+    dir: str = Field("data/bert_toy", description="folder with the text files")
+    train: str = Field("train.txt", min_length=1, description="training text file under dir")
+    valid: str = Field("valid.txt", min_length=1, description="held-out text file under dir")
+    format: Literal["text", "wikitext"] = Field("text", description="text: blank lines separate documents; "
+                                                "wikitext: '= Title =' lines start documents")
+    split_sentences: bool = Field(False, description="split lines into sentences with a rule-based splitter")
+    max_seq_len: int = Field(128, ge=8, description="tokens per sequence, [CLS] and [SEP]s included")
+    short_seq_prob: float = Field(0.1, ge=0.0, le=1.0, description="share of sequences with a shorter random target")
+    mask_prob: float = Field(0.15, gt=0.0, lt=1.0, description="share of non-special positions chosen for MLM")
+    max_predictions: int = Field(20, ge=1, description="at most this many masked positions per sequence")
+
+
+class BertModelConfig(Section):
+    """BERT encoder sizes (defaults: BERT-base)."""
+
+    d_model: int = Field(768, ge=2, description="hidden size H")
+    layers: int = Field(12, ge=1, description="encoder blocks L")
+    heads: int = Field(12, ge=1, description="attention heads A; must divide d_model")
+    ffn_dim: int = Field(3072, ge=1, description="FFN inner size (4H in the paper)")
+    max_positions: int = Field(512, ge=8, description="learned position embeddings P")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on embeddings and sub-layer outputs")
+    attention_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on attention weights")
+
+
+class BertTrainConfig(TrainConfig):
+    batch_size: int = Field(32, ge=1, description="sequences per micro-batch")
+    lr: float = Field(1e-4, gt=0.0, le=10.0, description="peak learning rate")
+    warmup_steps: int = Field(1000, ge=0, description="linear warmup from 0 to lr")
+    schedule: Literal["inverse_sqrt", "linear", "constant"] = Field("linear", description="decay after warmup")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    adam_eps: float = Field(1e-6, gt=0.0, description="AdamW epsilon")
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW decoupled weight decay (not on biases/norms)")
+
+
+class BertRunConfig(Section):
+    """`tcli pretrain-bert`: a BERT pretraining run."""
+
+    data: BertDataConfig = BertDataConfig()
+    vocab: VocabConfig = VocabConfig()
+    model: BertModelConfig = BertModelConfig()
+    train: BertTrainConfig = BertTrainConfig()
+
+    def check(self) -> None:
+        m, d = self.model, self.data
+        if m.d_model % m.heads:
+            raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
+        if d.max_seq_len > m.max_positions:
+            raise ValueError(f"data.max_seq_len ({d.max_seq_len}) exceeds model.max_positions ({m.max_positions})")
+        _check_train(self.train)

@@ -1,0 +1,1 @@
+"""Datasets: text files -> token sequences -> batches."""

@@ -1,0 +1,45 @@
+"""Reading user text: strict UTF-8, and errors that name the file and the line."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from transformer_cli.errors import UserError
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file, without line endings. Invalid UTF-8 names file and line."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"data file not found: {path}") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory, not a text file") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    return decode_utf8(data, str(path))
+
+
+def decode_utf8(data: bytes, name: str) -> list[str]:
+    """Split UTF-8 bytes into lines (\n or \r\n; a leading BOM dropped); errors name `name` and the line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        byte = data[e.start]
+        raise UserError(f"{name} line {line}: invalid UTF-8 (byte {byte:#04x}); save the file as UTF-8") from None
+    text = text.removeprefix("\ufeff")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def fingerprint(paths: list[Path]) -> str:
+    """sha256 over the files' bytes: resuming with other data is an error, not a silent mix."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()

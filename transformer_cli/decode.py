@@ -1,0 +1,165 @@
+"""Greedy and beam search over the Transformer's public decoding API (encode / start_decoding / decode_step).
+
+Beam search is batched and vectorised: one top-k over beam x vocabulary per step for all sentences
+at once, no Python loop over sentences or beams; the encoder runs once and its keys/values are
+projected once per sentence; sentences leave the batch as soon as they have `beam` finished
+hypotheses. Finished hypotheses are ranked by score / length**lenpen (fairseq's length penalty;
+length counts the generated tokens including EOS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transformer_cli.models.transformer import Transformer
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS and EOS
+    score: float  # sum of log-probabilities / length**lenpen
+
+
+def max_lengths(src: Tensor, pad_id: int, a: float, b: int, limit: int) -> Tensor:
+    """Per-sentence output budget a * source length + b (EOS included), capped by the positions table."""
+    src_len = src.ne(pad_id).sum(1)
+    return (a * src_len.float() + b).long().clamp(min=1, max=limit)
+
+
+@torch.inference_mode()
+def greedy_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len_a: float = 1.2,
+                  max_len_b: int = 10) -> list[list[int]]:
+    """Argmax decoding; returns token ids per sentence without BOS/EOS."""
+    memory, src_pad = model.encode(src)
+    B = src.size(0)
+    limits = max_lengths(src, model.pad_id, max_len_a, max_len_b, model.positions.size(0) - 1)
+    T = int(limits.max())
+    state = model.start_decoding(memory, src_pad, 1, T)
+    out = src.new_full((B, T + 1), model.pad_id)
+    out[:, 0] = bos_id
+    done = torch.zeros(B, dtype=torch.bool, device=src.device)
+    for t in range(T):
+        logits = model.decode_step(out[:, t : t + 1], state)  # (B, V)
+        next_tok = logits.argmax(-1)
+        next_tok = torch.where(t + 1 >= limits, torch.full_like(next_tok, eos_id), next_tok)
+        out[:, t + 1] = next_tok.masked_fill(done, model.pad_id)
+        done |= next_tok.eq(eos_id)
+        if bool(done.all()):
+            break
+    return [_strip(row, eos_id, model.pad_id) for row in out[:, 1:].tolist()]
+
+
+def _strip(tokens: list[int], eos_id: int, pad_id: int) -> list[int]:
+    if eos_id in tokens:
+        tokens = tokens[: tokens.index(eos_id)]
+    return [t for t in tokens if t != pad_id]
+
+
+@torch.inference_mode()
+def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam: int = 5, lenpen: float = 1.0,
+                max_len_a: float = 1.2, max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
+    """Batched beam search; returns the `nbest` best finished hypotheses of each sentence, best first."""
+    K, B, device = beam, src.size(0), src.device
+    memory, src_pad = model.encode(src)
+    limits = max_lengths(src, model.pad_id, max_len_a, max_len_b, model.positions.size(0) - 1)  # (B,)
+    T = int(limits.max())
+    state = model.start_decoding(memory, src_pad, K, T)
+
+    tokens = src.new_full((B * K, T + 1), model.pad_id)  # alive hypotheses, row = sentence * K + beam
+    tokens[:, 0] = bos_id
+    scores = torch.zeros(B, K, device=device)
+    scores[:, 1:] = float("-inf")  # all beams start equal: keep one so the first step has no duplicates
+    fin_tokens = src.new_full((B, K, T + 1), model.pad_id)  # finished hypotheses, by original sentence
+    fin_scores = torch.full((B, K), float("-inf"), device=device)
+    active = torch.arange(B, device=device)  # original index of each sentence still decoding
+    ranks = torch.arange(2 * K, device=device)
+
+    for t in range(T):
+        b = active.numel()
+        lprobs = F.log_softmax(model.decode_step(tokens[:, t : t + 1], state).float(), dim=-1)  # (b*K, V)
+        V = lprobs.size(-1)
+        lprobs = lprobs.view(b, K, V)
+        at_limit = (t + 1 >= limits[active])[:, None, None]  # (b, 1, 1): only EOS may follow
+        lprobs = lprobs.masked_fill(at_limit & (torch.arange(V, device=device) != eos_id), float("-inf"))
+        # One top-k over beam x vocabulary. 2K candidates always hold K that do not end in EOS.
+        top_scores, top_idx = (scores[:, :, None] + lprobs).view(b, K * V).topk(2 * K, dim=1)  # (b, 2K)
+        rows = torch.arange(b, device=device)[:, None] * K + top_idx // V  # (b, 2K) hypothesis rows
+        top_tok = top_idx % V
+        is_eos = top_tok.eq(eos_id)
+
+        # EOS candidates ranked within the top K finish; keep each sentence's K best finished ones.
+        finishing = is_eos & (ranks < K) & top_scores.isfinite()
+        cand = tokens[rows]  # (b, 2K, T+1)
+        cand[:, :, t + 1] = top_tok
+        normalised = (top_scores / (t + 1) ** lenpen).masked_fill(~finishing, float("-inf"))
+        merged_scores = torch.cat([fin_scores[active], normalised], 1)  # (b, 3K)
+        merged_tokens = torch.cat([fin_tokens[active], cand], 1)  # (b, 3K, T+1)
+        best, which = merged_scores.topk(K, dim=1)
+        fin_scores[active] = best
+        fin_tokens[active] = merged_tokens.gather(1, which[:, :, None].expand(-1, -1, T + 1))
+
+        # Sentences with K finished hypotheses are done and leave the batch.
+        keep = best[:, -1].isinf().nonzero().squeeze(1)  # (b',)
+        if keep.numel() == 0:
+            break
+        alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf"))[keep].topk(K, dim=1)  # (b', K)
+        next_rows = rows[keep].gather(1, pick).view(-1)  # (b'*K,)
+        tokens = tokens[next_rows]
+        tokens[:, t + 1] = top_tok[keep].gather(1, pick).view(-1)
+        scores = alive_scores
+        state.select_rows(next_rows)
+        if keep.numel() < b:
+            state.select_sentences(keep)
+            active = active[keep]
+
+    results = []
+    order = fin_scores.argsort(dim=1, descending=True)
+    for i in range(B):
+        hyps = []
+        for j in order[i, :nbest].tolist():
+            if torch.isfinite(fin_scores[i, j]):
+                hyps.append(Hypothesis(_strip(fin_tokens[i, j, 1:].tolist(), eos_id, model.pad_id),
+                                       float(fin_scores[i, j])))
+        results.append(hyps)
+    return results
+
+
+@dataclass
+class DecodeOptions:
+    beam: int = 5
+    lenpen: float = 1.0
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    max_tokens: int = 8000  # source tokens per batch
+    nbest: int = 1
+
+
+def decode_corpus(model: Transformer, sources: list[list[int]], opts: DecodeOptions, bos_id: int, eos_id: int,
+                  device: torch.device, context=None) -> list[list[Hypothesis]]:
+    """Translate many token sequences (EOS appended here), batched by length; results in input order.
+
+    `context` is a factory of the runtime's context manager (autocast, attention kernel), or None.
+    """
+    from transformer_cli.datasets.translation import pad_sequences
+
+    limit = model.positions.size(0) - 1
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
+    results: list[list[Hypothesis]] = [[] for _ in sources]
+    start = 0
+    while start < len(order):
+        width = min(len(sources[order[start]]), limit - 1) + 1  # the longest of the batch comes first
+        size = max(1, opts.max_tokens // width)
+        chunk = order[start : start + size]
+        src = pad_sequences([sources[i][: limit - 1] for i in chunk], model.pad_id, suffix=eos_id).to(device)
+        with context() if context is not None else contextlib.nullcontext():
+            hyps = beam_search(model, src, bos_id, eos_id, opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b,
+                               opts.nbest)
+        for i, h in zip(chunk, hyps):
+            results[i] = h
+        start += size
+    return results

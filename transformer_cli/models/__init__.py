@@ -1,0 +1,1 @@
+"""Models: pure nn.Modules (no config, no I/O, no device logic)."""

@@ -1,0 +1,193 @@
+"""Transformer building blocks: positional encoding, multi-head attention, FFN, encoder/decoder blocks.
+
+Shapes: B batch, T query length, S key length, H heads, d_k = d_model / H.
+Masks: `pad_mask` is a bool (B, S) tensor, True at padded key positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
+    """P[i, 2j] = sin(i / 10000^(2j/d)), P[i, 2j+1] = cos(i / 10000^(2j/d)); shape (max_positions, d)."""
+    position = torch.arange(max_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    two_j = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d/2,)
+    angle = position / torch.pow(10000.0, two_j / d_model)  # (P, d/2)
+    table = torch.zeros(max_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle)
+    return table.float()
+
+
+class KVCache:
+    """Keys and values of the positions decoded so far, for one self-attention layer.
+
+    Pre-allocated to `max_len` so that a decoding step writes one slot instead of concatenating.
+    """
+
+    def __init__(self, batch: int, heads: int, max_len: int, d_k: int, like: Tensor):
+        self.k = like.new_empty(batch, heads, max_len, d_k)
+        self.v = like.new_empty(batch, heads, max_len, d_k)
+        self.length = 0
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store (N, H, T, d_k) keys/values after the cached ones; return all of them."""
+        end = self.length + k.size(2)
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows `index` (beam reordering, finished sentences dropped)."""
+        if index.numel() == self.k.size(0):  # reorder in place, copying only the filled prefix
+            L = self.length
+            self.k[:, :, :L] = self.k[index, :, :L]
+            self.v[:, :, :L] = self.v[index, :, :L]
+        else:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention, softmax(QK^T / sqrt(d_k)) V, with an output projection.
+
+    Self-attention projects Q, K, V with one fused matrix; cross-attention projects Q from the decoder
+    and K, V (fused) from the encoder output, which `project_memory` does once per sentence.
+    """
+
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0, cross: bool = False):
+        super().__init__()
+        assert d_model % heads == 0, "d_model must be divisible by heads"
+        self.heads, self.d_k, self.dropout, self.cross = heads, d_model // heads, dropout, cross
+        if cross:
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _split_heads(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
+        B, T, _ = x.shape
+        x = x.view(B, T, n, self.heads, self.d_k).permute(2, 0, 3, 1, 4)  # (n, B, H, T, d_k)
+        return x.unbind(0)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None, causal: bool) -> Tensor:
+        # SDPA takes a bool mask with True = "may attend": (B, 1, 1, S) broadcasts over heads and queries.
+        mask = None if pad_mask is None else ~pad_mask[:, None, None, :]
+        p = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        B, H, T, d_k = out.shape
+        out = out.transpose(1, 2).reshape(B, T, H * d_k)  # (B, T, d)
+        return self.out_proj(out)
+
+    def forward(
+        self, x: Tensor, pad_mask: Tensor | None = None, causal: bool = False, cache: KVCache | None = None
+    ) -> Tensor:
+        """Self-attention over x (B, T, d). With a cache, x holds only the new positions."""
+        q, k, v = self._split_heads(self.qkv_proj(x), 3)  # each (B, H, T, d_k)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, t + T, d_k): earlier positions are all visible
+            causal = causal and q.size(2) > 1
+        return self._attend(q, k, v, pad_mask, causal)
+
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder output (B, S, d) -> cross-attention keys and values, each (B, H, S, d_k)."""
+        k, v = self._split_heads(self.kv_proj(memory), 2)
+        return k, v
+
+    def cross_forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], pad_mask: Tensor) -> Tensor:
+        """Cross-attention of x (N, T, d) over the keys/values of B = N / r sentences.
+
+        In beam search N = B * beams: the r rows of a sentence become r * T queries against that
+        sentence's keys, so the encoder output is never copied per beam.
+        """
+        k, v = memory_kv
+        N, T, d = x.shape
+        B = k.size(0)
+        x = x.reshape(B, (N // B) * T, d)  # (B, r*T, d)
+        (q,) = self._split_heads(self.q_proj(x), 1)  # (B, H, r*T, d_k)
+        return self._attend(q, k, v, pad_mask, causal=False).reshape(N, T, d)
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN(x) = W2 act(W1 x + b1) + b2."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation: str = "relu"):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, ffn_dim)
+        self.w2 = nn.Linear(ffn_dim, d_model)
+        self.act = nn.GELU() if activation == "gelu" else nn.ReLU()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.act(self.w1(x)))
+
+
+class SublayerConnection(nn.Module):
+    """Residual + LayerNorm around a sub-layer: post-norm LN(x + drop(f(x))) or pre-norm x + drop(f(LN(x)))."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float = 1e-5):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention -> Add&Norm -> FFN -> Add&Norm."""
+
+    def __init__(self, d_model: int, heads: int, ffn_dim: int, dropout: float, attention_dropout: float,
+                 activation: str, norm_first: bool, eps: float = 1e-5):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.ffn = FeedForward(d_model, ffn_dim, activation)
+        self.attn_sub = SublayerConnection(d_model, dropout, norm_first, eps)
+        self.ffn_sub = SublayerConnection(d_model, dropout, norm_first, eps)
+
+    def forward(self, x: Tensor, pad_mask: Tensor | None) -> Tensor:
+        x = self.attn_sub(x, lambda h: self.self_attn(h, pad_mask))
+        return self.ffn_sub(x, self.ffn)
+
+
+class DecoderBlock(nn.Module):
+    """Masked self-attention, encoder-decoder cross-attention, FFN; each followed by Add&Norm."""
+
+    def __init__(self, d_model: int, heads: int, ffn_dim: int, dropout: float, attention_dropout: float,
+                 activation: str, norm_first: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, cross=True)
+        self.ffn = FeedForward(d_model, ffn_dim, activation)
+        self.self_sub = SublayerConnection(d_model, dropout, norm_first)
+        self.cross_sub = SublayerConnection(d_model, dropout, norm_first)
+        self.ffn_sub = SublayerConnection(d_model, dropout, norm_first)
+
+    def forward(self, y: Tensor, memory_kv: tuple[Tensor, Tensor], src_pad_mask: Tensor,
+                cache: KVCache | None = None) -> Tensor:
+        # Target padding sits after the real tokens, so the causal mask alone keeps real positions
+        # from seeing it; no separate target padding mask is needed.
+        y = self.self_sub(y, lambda h: self.self_attn(h, causal=True, cache=cache))
+        y = self.cross_sub(y, lambda h: self.cross_attn.cross_forward(h, memory_kv, src_pad_mask))
+        return self.ffn_sub(y, self.ffn)
+
+
+def init_embedding(emb: nn.Embedding, d_model: int, pad_id: int | None) -> None:
+    """N(0, d^-1/2): after the sqrt(d) input scaling the embeddings have unit variance."""
+    nn.init.normal_(emb.weight, mean=0.0, std=d_model**-0.5)
+    if pad_id is not None:
+        with torch.no_grad():
+            emb.weight[pad_id].zero_()
+
+
+def scaled_embedding(emb: nn.Embedding, tokens: Tensor) -> Tensor:
+    return emb(tokens) * math.sqrt(emb.embedding_dim)

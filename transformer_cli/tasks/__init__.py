@@ -1,0 +1,1 @@
+"""Tasks: what a model family gives the shared trainer (data order, loss, evaluation, checkpoint metadata)."""

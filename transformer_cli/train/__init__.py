@@ -1,0 +1,1 @@
+"""The shared trainer: runtime (device, precision), optimiser, checkpoints, metrics, loop."""

@@ -1,0 +1,327 @@
+"""The one trainer shared by translation and BERT: `train()` orchestrates, `train_step()` does one update.
+
+A task (translation, BERT) supplies the model, the epoch's batch order, the loss of a batch and the
+evaluation; the trainer owns optimisation, precision, accumulation, clipping, the schedule,
+checkpoints (atomic, exact resume), signals, logging and early stopping.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from transformer_cli import __version__
+from transformer_cli.config import TrainConfig
+from transformer_cli.errors import UserError
+from transformer_cli.train.checkpoint import load_checkpoint, serialize, write_atomic
+from transformer_cli.train.metrics import MetricsLog
+from transformer_cli.train.optim import build_optimizer, build_scheduler
+from transformer_cli.train.runtime import Runtime
+
+
+class Task(Protocol):
+    """What the trainer needs from a model family."""
+
+    kind: str  # "translation" | "bert": stored in checkpoints
+    model: nn.Module
+    throughput_key: str  # name of the tokens/s field in train events
+    best_metric: str  # eval key that selects best.pt
+    best_mode: str  # "max" or "min"
+
+    def epoch_batches(self, epoch: int) -> list[Any]: ...  # the epoch's batch specs, from seed and epoch
+    def make_batch(self, spec: Any, epoch: int) -> Any: ...  # spec -> batch with .counts, .throughput_tokens, .to()
+    def step_loss(self, model: nn.Module, batch: Any,
+                  norms: dict[str, int]) -> tuple[Tensor, dict[str, tuple[Tensor, int]]]: ...  # (objective, sums)
+    def summarize(self, averages: dict[str, float]) -> dict[str, float]: ...  # train event fields
+    def evaluate(self, model: nn.Module, runtime: Runtime) -> dict[str, float]: ...
+    def checkpoint_meta(self) -> dict[str, Any]: ...
+    def check_resume(self, state: dict[str, Any], path: Path) -> None: ...
+    def final_report(self, ckpt_dir: Path, runtime: Runtime) -> dict[str, Any] | None: ...  # test scores
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    epoch: int = 0  # epochs completed before the current one
+    batch_in_epoch: int = 0  # next batch spec of the current epoch
+    best: float | None = None
+    bad_evals: int = 0
+    train_seconds: float = 0.0  # time spent in training steps, summed over resumes
+    wall_seconds: float = 0.0
+
+
+@dataclass
+class _Interval:
+    """Sums over one logging interval; read (with a host sync) only when logging."""
+
+    sums: dict[str, list] = field(default_factory=dict)
+    tokens: int = 0
+    seconds: float = 0.0
+    grad_norm: Tensor | None = None
+    steps: int = 0
+
+    def add(self, stats: dict[str, tuple[Tensor, int]]) -> None:
+        for key, (total, count) in stats.items():
+            entry = self.sums.setdefault(key, [0.0, 0])
+            entry[0] = entry[0] + total
+            entry[1] += count
+
+    def record(self, grad_norm: Tensor, tokens: int, seconds: float) -> None:
+        self.grad_norm = grad_norm if self.grad_norm is None else self.grad_norm + grad_norm
+        self.steps += 1
+        self.tokens += tokens
+        self.seconds += seconds
+
+
+class _StopSignal:
+    """SIGINT/SIGTERM set a flag; the loop saves last.pt after the current step and exits."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signum
+        # A second Ctrl-C behaves as usual (KeyboardInterrupt) for a user who will not wait.
+        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def prepare_run_dir(run_dir: Path, resume: bool) -> None:
+    """Create the run directory; refuse to start a new run over a saved one (no work is ever lost)."""
+    if not resume and (run_dir / "checkpoints" / "last.pt").exists():
+        raise UserError(f"{run_dir} already holds a run; resume it with --resume auto or choose another --out")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
+
+
+class Trainer:
+    """Owns the optimisation state of one run; `run()` trains until a stop condition."""
+
+    def __init__(self, task: Task, cfg: TrainConfig, run_dir: Path, runtime: Runtime, quiet: bool = False):
+        self.task, self.cfg, self.run_dir, self.runtime, self.quiet = task, cfg, run_dir, runtime, quiet
+        self.ckpt_dir = run_dir / "checkpoints"
+        self.model = task.model.to(runtime.device)
+        self.optimizer = build_optimizer(self.model, cfg, runtime.device)
+        steps_per_epoch = math.ceil(len(task.epoch_batches(0)) / cfg.accum_steps)
+        epoch_steps = steps_per_epoch * cfg.max_epochs if cfg.max_epochs else None
+        self.total_steps = min(s for s in (cfg.max_steps, epoch_steps) if s)
+        self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps)
+        self.scaler = runtime.grad_scaler()
+        self.state = TrainState()
+        self.wall_start = time.perf_counter()
+
+    def resume_or_start(self, resume: bool) -> None:
+        last = self.ckpt_dir / "last.pt"
+        if resume and last.exists():
+            ckpt = load_checkpoint(last, kind=self.task.kind)
+            self.task.check_resume(ckpt, last)
+            self._restore(ckpt)
+            say(self.quiet, f"resumed from {last} at step {self.state.step} (epoch {self.state.epoch + 1})")
+        elif resume:
+            say(self.quiet, f"no {last} yet: starting a new run")
+
+    def run(self) -> dict[str, Any]:
+        """Train; on a normal end log the test scores (if the task has them) and the end event."""
+        cfg, state, task = self.cfg, self.state, self.task
+        step_model = torch.compile(self.model) if cfg.compile else self.model
+        self.metrics = MetricsLog(self.run_dir, resume_step=state.step if state.step else None)
+        bar = _progress(self.total_steps, state.step, self.quiet)
+        interval = _Interval()
+        reason = None
+        with _StopSignal() as stop:
+            try:
+                while reason is None:
+                    specs = task.epoch_batches(state.epoch)
+                    while state.batch_in_epoch < len(specs) and reason is None:
+                        t0 = time.perf_counter()
+                        group = specs[state.batch_in_epoch : state.batch_in_epoch + cfg.accum_steps]
+                        batches = [task.make_batch(spec, state.epoch) for spec in group]
+                        grad_norm = self.train_step(step_model, batches, interval)
+                        state.step += 1
+                        state.batch_in_epoch += len(group)
+                        interval.record(grad_norm, sum(b.throughput_tokens for b in batches), time.perf_counter() - t0)
+                        bar.update(1)
+                        if state.step % cfg.log_every == 0:
+                            self._log_train(interval, bar)
+                            interval = _Interval()
+                        reason = self._after_step(stop.received is not None)
+                    if reason is None:
+                        state.epoch += 1
+                        state.batch_in_epoch = 0
+                        if cfg.max_epochs and state.epoch >= cfg.max_epochs:
+                            reason = "max_epochs"
+                            self._evaluate_and_save(step_file=True, evaluate=state.step % cfg.eval_every != 0)
+            finally:
+                bar.close()
+        if reason == "signal":
+            self.metrics.close()
+            say(self.quiet, f"stopped by signal at step {state.step}; last.pt saved, resume with --resume auto")
+            sys.exit(128 + stop.received)
+        wall = state.wall_seconds + time.perf_counter() - self.wall_start
+        test = task.final_report(self.ckpt_dir, self.runtime)
+        if test:
+            self.metrics.log("test", state.step, **test)
+        end = self.metrics.log("end", state.step, **{f"best_{task.best_metric}": state.best},
+                               wall_s=round(wall, 1), stop=reason)
+        self.metrics.close()
+        say(self.quiet, f"done at step {state.step} ({reason}), best {task.best_metric} {state.best}, {wall:.0f}s")
+        return end
+
+    def train_step(self, model: nn.Module, batches: list[Any], interval: _Interval) -> Tensor:
+        """One update over `batches` (the micro-batches of gradient accumulation); returns the grad norm."""
+        model.train()
+        norms: dict[str, int] = {}
+        for batch in batches:
+            for key, count in batch.counts.items():
+                norms[key] = norms.get(key, 0) + count
+        for batch in batches:
+            batch = batch.to(self.runtime.device)
+            with self.runtime.context():
+                objective, stats = self.task.step_loss(model, batch, norms)
+            self.scaler.scale(objective).backward()
+            interval.add(stats)
+        self.scaler.unscale_(self.optimizer)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return grad_norm.detach()
+
+    def _after_step(self, signalled: bool) -> str | None:
+        """Evaluate / save on schedule; return why training stops now, or None."""
+        cfg, step = self.cfg, self.state.step
+        reason = "max_steps" if cfg.max_steps and step >= cfg.max_steps else None
+        if step % cfg.eval_every == 0 or reason:
+            self._evaluate_and_save(step_file=True, evaluate=True)
+            if cfg.patience and self.state.bad_evals >= cfg.patience:
+                reason = reason or "early_stopping"
+                say(self.quiet, f"early stopping: no better {self.task.best_metric} in {cfg.patience} evaluations")
+        elif step % (cfg.save_every or cfg.eval_every) == 0:
+            self._save(best=False, step_file=True)
+        elif signalled:
+            self._save(best=False, step_file=False)
+        return reason or ("signal" if signalled else None)
+
+    def _evaluate_and_save(self, step_file: bool, evaluate: bool) -> None:
+        improved = self._evaluate() if evaluate else False
+        self._save(best=improved, step_file=step_file)
+
+    def _evaluate(self) -> bool:
+        t0 = time.perf_counter()
+        self.model.eval()
+        with torch.inference_mode():
+            results = self.task.evaluate(self.model, self.runtime)
+        self.model.train()
+        state, task = self.state, self.task
+        self.metrics.log("eval", state.step, **results, eval_s=round(time.perf_counter() - t0, 2))
+        value = results[task.best_metric]
+        better = state.best is None or (value > state.best if task.best_mode == "max" else value < state.best)
+        if better:
+            state.best, state.bad_evals = value, 0
+        else:
+            state.bad_evals += 1
+        shown = "  ".join(f"{k} {v:.4g}" for k, v in results.items() if isinstance(v, float))
+        say(self.quiet, f"eval step {state.step}: {shown}" + ("  (best)" if better else ""))
+        return better
+
+    def _save(self, best: bool, step_file: bool) -> None:
+        """Serialise once; write step_N.pt, best.pt and last.pt atomically; prune old step files."""
+        state = self.state
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        train_state = {
+            "step": state.step, "epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
+            "best": state.best, "bad_evals": state.bad_evals, "train_seconds": state.train_seconds,
+            "wall_seconds": state.wall_seconds + time.perf_counter() - self.wall_start,
+        }
+        data = serialize({
+            "tcli": {"kind": self.task.kind, "version": __version__},
+            **self.task.checkpoint_meta(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "train_state": train_state,
+            "rng": rng,
+        })
+        if step_file and self.cfg.keep_last > 0:
+            write_atomic(data, self.ckpt_dir / f"step_{state.step}.pt")
+            steps = sorted(self.ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+            for old in steps[: -self.cfg.keep_last]:
+                old.unlink(missing_ok=True)
+        if best:
+            write_atomic(data, self.ckpt_dir / "best.pt")
+        write_atomic(data, self.ckpt_dir / "last.pt")
+
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        ts, state = ckpt["train_state"], self.state
+        state.step, state.epoch, state.batch_in_epoch = ts["step"], ts["epoch"], ts["batch_in_epoch"]
+        state.best, state.bad_evals = ts["best"], ts["bad_evals"]
+        state.train_seconds, state.wall_seconds = ts["train_seconds"], ts["wall_seconds"]
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        random.setstate(_as_random_state(ckpt["rng"]["python"]))
+        if "cuda" in ckpt["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+
+    def _log_train(self, interval: _Interval, bar) -> None:
+        """The one host sync of an interval: read the summed losses and grad norms."""
+        averages = {key: float(total) / max(count, 1) for key, (total, count) in interval.sums.items()}
+        fields = self.task.summarize(averages)
+        self.state.train_seconds += interval.seconds
+        tps = interval.tokens / interval.seconds if interval.seconds > 0 else 0.0
+        lr = self.optimizer.param_groups[0]["lr"]
+        grad_norm = float(interval.grad_norm) / max(interval.steps, 1)
+        self.metrics.log("train", self.state.step, epoch=self.state.epoch + 1, **fields, lr=lr, grad_norm=grad_norm,
+                         **{self.task.throughput_key: round(tps, 1)})
+        bar.set_postfix_str(f"loss {fields['loss']:.3f}  lr {lr:.2e}  {tps:,.0f} tok/s", refresh=False)
+        if bar.disable and not self.quiet:
+            print(f"step {self.state.step}  epoch {self.state.epoch + 1}  loss {fields['loss']:.4f}  lr {lr:.3g}  "
+                  f"grad_norm {grad_norm:.3f}  {tps:,.0f} tok/s", file=sys.stderr, flush=True)
+
+
+def _as_random_state(value) -> tuple:
+    version, internal, gauss = value
+    return (version, tuple(internal), gauss)
+
+
+def _progress(total: int, initial: int, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True,
+                disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
+
+
+def say(quiet: bool, message: str) -> None:
+    if not quiet:
+        print(message, file=sys.stderr, flush=True)

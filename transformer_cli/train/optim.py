@@ -1,0 +1,44 @@
+"""AdamW and the learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from transformer_cli.config import TrainConfig
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay only on matrices (not on biases, LayerNorm gains or positions tables)."""
+    decay, no_decay = [], []
+    for p in dict.fromkeys(model.parameters()):  # tied weights once
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # The fused kernel exists for CPU and CUDA and does the whole update in one pass over the parameters.
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
+                             fused=device.type in ("cpu", "cuda"))
+
+
+def lr_factor(step: int, schedule: str, warmup: int, total: int | None) -> float:
+    """Multiplier of the peak lr at update `step` (1-based): linear warmup, then the schedule's decay."""
+    step = max(step, 1)
+    if warmup and step < warmup:
+        return step / warmup
+    if schedule == "inverse_sqrt":
+        return math.sqrt(max(warmup, 1) / step)
+    if schedule == "linear":
+        if not total or total <= warmup:
+            return 1.0
+        return max(0.0, (total - step) / (total - warmup))
+    return 1.0
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total: int | None):
+    # LambdaLR calls the function with the number of scheduler steps taken so far (0 before the first
+    # update); the update about to run is step + 1.
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s + 1, cfg.schedule, cfg.warmup_steps, total)
+    )

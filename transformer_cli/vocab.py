@@ -1,0 +1,99 @@
+"""Sentencepiece vocabularies: trained once per run from the training text, saved, and carried as bytes
+inside every checkpoint so that a checkpoint alone is enough to translate."""
+
+from __future__ import annotations
+
+import io
+import random
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+from transformer_cli.errors import UserError
+
+# Ids fixed for every tcli vocabulary.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Vocab:
+    """A sentencepiece model plus the special ids the models rely on."""
+
+    def __init__(self, model_bytes: bytes):
+        self.model_bytes = bytes(model_bytes)
+        self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
+        self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
+        self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+
+    def __len__(self) -> int:
+        return self.sp.get_piece_size()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and other.model_bytes == self.model_bytes
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        return self.sp.encode(lines)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return self.sp.decode(ids)
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.sp.piece_to_id(piece)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.model_bytes)
+
+    @classmethod
+    def load(cls, path: Path) -> Vocab:
+        try:
+            return cls(path.read_bytes())
+        except (OSError, RuntimeError) as e:
+            raise UserError(f"cannot load the vocabulary {path}: {e}") from None
+
+
+def train_vocab(
+    lines: Iterable[str],
+    size: int,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+    max_sentences: int = 2_000_000,
+    seed: int = 1,
+    pad_piece: str = "<pad>",
+    unk_piece: str = "<unk>",
+    control_symbols: tuple[str, ...] = (),
+    bos_eos: bool = True,
+) -> Vocab:
+    """Train a sentencepiece model in memory; `size` is an upper bound (small corpora get fewer pieces).
+
+    Ids: pad 0, unk 1, then bos 2 and eos 3 (`bos_eos`), then `control_symbols` in order.
+    """
+    sample = [line for line in lines if line.strip()]
+    if not sample:
+        raise UserError("cannot train a vocabulary: the training text is empty")
+    if len(sample) > max_sentences:
+        sample = random.Random(seed).sample(sample, max_sentences)
+    out = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sample),
+            model_writer=out,
+            vocab_size=size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            hard_vocab_limit=False,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID if bos_eos else -1,
+            eos_id=EOS_ID if bos_eos else -1,
+            pad_piece=pad_piece,
+            unk_piece=unk_piece,
+            control_symbols=list(control_symbols),
+            input_sentence_size=len(sample),
+            shuffle_input_sentence=False,
+            minloglevel=2,
+            num_threads=2,
+        )
+    except RuntimeError as e:
+        raise UserError(f"sentencepiece could not train a vocabulary of size {size}: {e}") from None
+    return Vocab(out.getvalue())
