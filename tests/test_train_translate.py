@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import ROOT, TOY, run_tcli
+from .conftest import ROOT, TOY, run_killed, run_tcli
 
 TINY = """
 data: {{dir: {data}, src_lang: src, tgt_lang: tgt, train: train, valid: val, test: test, max_len: 60}}
@@ -47,32 +47,6 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
 
 def events(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-KILLER = """
-import os, signal, sys
-from transformer_cli.train import checkpoint, loop
-KILL_STEP, WHERE = int(sys.argv[1]), sys.argv[2]
-original_step, original_replace = loop.Trainer.train_step, os.replace
-def train_step(self, *args, **kwargs):
-    if WHERE == "step" and self.state.step == KILL_STEP:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return original_step(self, *args, **kwargs)
-def replace(src, dst):
-    if WHERE == "save" and str(dst).endswith("last.pt") and f"step_{KILL_STEP}.pt" in os.listdir(os.path.dirname(dst)):
-        os.kill(os.getpid(), signal.SIGKILL)  # the temporary file is written, the rename never happens
-    return original_replace(src, dst)
-loop.Trainer.train_step = train_step
-checkpoint.os.replace = replace
-from transformer_cli.cli import main
-sys.argv = ["tcli", *sys.argv[3:]]
-main()
-"""
-
-
-def run_killed(kill_step: int, where: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", KILLER, str(kill_step), where, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("where, kill_step", [("step", 7), ("save", 8)])

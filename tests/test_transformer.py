@@ -145,13 +145,32 @@ def test_shared_and_tied_embeddings():
         tiny(share_embeddings=True, tgt_vocab_size=50)
 
 
-def test_smoothed_cross_entropy_matches_pytorch():
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("rows, vocab", [(10, 30), (300, 5000)])  # the second spans several chunks
+def test_smoothed_cross_entropy_matches_pytorch_value_and_gradient(epsilon, rows, vocab):
     g = torch.Generator().manual_seed(0)
-    logits, target = torch.randn(10, 30, generator=g), torch.randint(0, 30, (10,), generator=g)
+    logits = (3 * torch.randn(rows, vocab, generator=g, dtype=torch.float64)).requires_grad_()
+    target = torch.randint(0, vocab, (rows,), generator=g)
+    out = smoothed_cross_entropy(logits, target, epsilon)
+    (0.7 * out.loss).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    ref = F.cross_entropy(logits, target, label_smoothing=epsilon, reduction="sum")
+    (0.7 * ref).backward()
+    assert out.loss.item() == pytest.approx(ref.item(), rel=1e-9)
+    assert out.nll.item() == pytest.approx(F.cross_entropy(logits, target, reduction="sum").item(), rel=1e-9)
+    torch.testing.assert_close(ours, logits.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_smoothed_cross_entropy_in_bf16_keeps_fp32_accuracy():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, 1000, generator=g).bfloat16().requires_grad_()
+    target = torch.randint(0, 1000, (64,), generator=g)
     out = smoothed_cross_entropy(logits, target, 0.1)
-    ref = F.cross_entropy(logits, target, label_smoothing=0.1, reduction="sum")
+    ref = F.cross_entropy(logits.float(), target, label_smoothing=0.1, reduction="sum")
     assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
-    assert out.nll.item() == pytest.approx(F.cross_entropy(logits, target, reduction="sum").item(), rel=1e-5)
+    out.loss.backward()
+    assert logits.grad.dtype == torch.bfloat16
 
 
 def test_loss_ignores_padding_positions():

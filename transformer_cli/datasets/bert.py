@@ -200,6 +200,20 @@ class BertBatch:
     def throughput_tokens(self) -> int:
         return self.real_tokens
 
+    @property
+    def rows(self) -> int:
+        return self.input_ids.size(0)
+
+    def shard(self, rank: int, world: int) -> BertBatch | None:
+        """Rows rank, rank + world, ... of a global batch (masks already drawn); None if there are none."""
+        if world == 1:
+            return self
+        ids, labels = self.input_ids[rank::world], self.mlm_labels[rank::world]
+        if ids.size(0) == 0:
+            return None
+        return BertBatch(ids, self.segment_ids[rank::world], labels, self.nsp_labels[rank::world],
+                         masked=int(labels.ne(IGNORE).sum()), real_tokens=int(ids.ne(0).sum()))
+
     def to(self, device: torch.device) -> BertBatch:
         nb = device.type == "cuda"
         return BertBatch(self.input_ids.to(device, non_blocking=nb), self.segment_ids.to(device, non_blocking=nb),

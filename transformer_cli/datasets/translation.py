@@ -15,6 +15,7 @@ from torch import Tensor
 
 from transformer_cli.datasets.text import read_lines
 from transformer_cli.errors import UserError
+from transformer_cli.vocab import PAD_ID as PAD
 from transformer_cli.vocab import Vocab
 
 
@@ -119,6 +120,22 @@ class Batch:
     @property
     def throughput_tokens(self) -> int:
         return self.tokens
+
+    @property
+    def rows(self) -> int:
+        return self.src.size(0)
+
+    def shard(self, rank: int, world: int) -> Batch | None:
+        """Rows rank, rank + world, ... (this process's share of a global batch); None if there are none."""
+        if world == 1:
+            return self
+        src, tgt_in, labels = self.src[rank::world], self.tgt_in[rank::world], self.labels[rank::world]
+        if src.size(0) == 0:
+            return None
+        src = src[:, : int(src.ne(PAD).sum(1).max())]  # drop columns that are padding in every row
+        width = int(labels.ne(PAD).sum(1).max())
+        return Batch(src, tgt_in[:, :width], labels[:, :width], tokens=int(labels.ne(PAD).sum()),
+                     src_tokens=int(src.ne(PAD).sum()))
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"

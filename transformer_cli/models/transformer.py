@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_cli.models.layers import (
@@ -21,15 +19,7 @@ from transformer_cli.models.layers import (
     scaled_embedding,
     sinusoidal_positions,
 )
-
-
-@dataclass
-class LossOutput:
-    """Sums over the non-padding target tokens of a batch; the trainer normalises."""
-
-    loss: Tensor  # label-smoothed cross-entropy, summed
-    nll: Tensor  # plain negative log-likelihood, summed (no smoothing), detached
-    tokens: Tensor  # number of non-padding target tokens
+from transformer_cli.models.losses import LossOutput, smoothed_cross_entropy
 
 
 @dataclass
@@ -158,16 +148,3 @@ class Transformer(nn.Module):
             y = block(y, kv, state.src_pad_mask, cache=cache)
         state.step += 1
         return self.out_proj(self.dec_norm(y)[:, -1])
-
-
-def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float) -> LossOutput:
-    """(1 - eps) * NLL + eps * mean over the vocabulary of -log p, summed over rows.
-
-    One fp32 log-softmax serves both terms; no one-hot or second vocabulary-sized tensor.
-    """
-    lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (M, V)
-    nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)  # (M,)
-    loss = nll.sum()
-    if epsilon > 0:
-        loss = (1.0 - epsilon) * loss - epsilon * lprobs.mean(-1).sum()
-    return LossOutput(loss=loss, nll=nll.detach().sum(), tokens=target.new_tensor(target.numel()))

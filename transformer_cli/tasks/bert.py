@@ -24,7 +24,7 @@ from transformer_cli.datasets.bert import (
 from transformer_cli.datasets.text import fingerprint
 from transformer_cli.errors import UserError
 from transformer_cli.models.builders import build_bert
-from transformer_cli.train.loop import Trainer, prepare_run_dir, say
+from transformer_cli.train.loop import Trainer, prepare_run_dir, resume_requested, say
 from transformer_cli.train.runtime import Runtime
 from transformer_cli.vocab import Vocab, train_vocab
 
@@ -139,6 +139,22 @@ def _encode_docs(vocab: Vocab, docs: list[list[str]]) -> list[list[list[int]]]:
     return [d for d in out if d]
 
 
+def _prepare_vocab(cfg: BertRunConfig, run_dir: Path, train_docs: list[list[str]], hf_vocab: Vocab | None,
+                   quiet: bool) -> Vocab:
+    """The run's vocabulary: the one saved in the run directory, else the HF folder's, else a new one."""
+    path = run_dir / "vocab" / "bert.model"
+    if path.exists():
+        vocab = Vocab.load(path)
+        if hf_vocab is not None and vocab != hf_vocab:
+            raise UserError(f"the --init-from-hf folder has another vocabulary than the run directory {run_dir}")
+        return vocab
+    if hf_vocab is None:
+        say(quiet, f"training the sentencepiece vocabulary ({cfg.vocab.type}, up to {cfg.vocab.size} pieces)")
+    vocab = hf_vocab or train_bert_vocab([s for doc in train_docs for s in doc], cfg)
+    vocab.save(path)
+    return vocab
+
+
 def pretrain_bert(cfg: BertRunConfig, run_dir: Path, device: str = "auto", resume: bool = False,
                   quiet: bool = False, init_from_hf: Path | None = None) -> dict[str, Any]:
     """`tcli pretrain-bert`: text -> vocabulary -> NSP/MLM instances -> trained BERT; returns the end event."""
@@ -148,25 +164,20 @@ def pretrain_bert(cfg: BertRunConfig, run_dir: Path, device: str = "auto", resum
     raw = {name: read_documents(path, d.format, d.split_sentences) for name, path in paths.items()}
     for name, docs in raw.items():
         check_corpus(docs, str(paths[name]))
-    prepare_run_dir(run_dir, resume)
-    (run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
-    say(quiet, f"run directory {run_dir}; {runtime.describe()}")
-
-    hf_model = None
+    hf_model, hf_vocab = None, None
     if init_from_hf is not None:
         from transformer_cli.hf import load_hf_bert
 
-        hf_model, vocab = load_hf_bert(init_from_hf, cfg.model)
-    vocab_path = run_dir / "vocab" / "bert.model"
-    if vocab_path.exists():
-        existing = Vocab.load(vocab_path)
-        if init_from_hf is not None and existing != vocab:
-            raise UserError(f"{init_from_hf} has another vocabulary than the run directory {run_dir}")
-        vocab = existing
-    elif init_from_hf is None:
-        say(quiet, f"training the sentencepiece vocabulary ({cfg.vocab.type}, up to {cfg.vocab.size} pieces)")
-        vocab = train_bert_vocab([s for doc in raw["train"] for s in doc], cfg)
-    vocab.save(vocab_path)
+        hf_model, hf_vocab = load_hf_bert(init_from_hf, cfg.model)
+    quiet, resume = quiet or not runtime.is_main, resume_requested(resume)
+    if runtime.is_main:  # under torchrun, rank 0 prepares the run directory and the vocabulary
+        prepare_run_dir(run_dir, resume)
+        (run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+        say(quiet, f"run directory {run_dir}; {runtime.describe()}")
+        vocab = _prepare_vocab(cfg, run_dir, raw["train"], hf_vocab, quiet)
+    runtime.barrier()
+    if not runtime.is_main:
+        vocab = Vocab.load(run_dir / "vocab" / "bert.model")
     docs = {name: _encode_docs(vocab, raw_docs) for name, raw_docs in raw.items()}
     for name, encoded in docs.items():
         n_sent = sum(len(x) for x in encoded)
@@ -185,4 +196,7 @@ def pretrain_bert(cfg: BertRunConfig, run_dir: Path, device: str = "auto", resum
     task = BertTask(cfg, vocab, docs["train"], docs["valid"], model, fingerprint([paths["train"]]))
     trainer = Trainer(task, cfg.train, run_dir, runtime, quiet)
     trainer.resume_or_start(resume)
-    return trainer.run()
+    try:
+        return trainer.run()
+    finally:
+        runtime.shutdown()

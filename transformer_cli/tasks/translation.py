@@ -26,7 +26,7 @@ from transformer_cli.errors import UserError
 from transformer_cli.evaluate import bleu, translation_scores
 from transformer_cli.models.builders import build_transformer
 from transformer_cli.train.checkpoint import load_checkpoint
-from transformer_cli.train.loop import Trainer, prepare_run_dir, say
+from transformer_cli.train.loop import Trainer, prepare_run_dir, resume_requested, say
 from transformer_cli.train.runtime import Runtime
 from transformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID, Vocab, train_vocab
 
@@ -158,13 +158,17 @@ def train_translation(cfg: TranslationRunConfig, run_dir: Path, device: str = "a
                       quiet: bool = False) -> dict[str, Any]:
     """`tcli train`: everything from raw text to best.pt; returns the end event."""
     runtime = Runtime.create(device, cfg.train.precision)
+    quiet, resume = quiet or not runtime.is_main, resume_requested(resume)
     d = cfg.data
     splits = read_splits(cfg)
-    prepare_run_dir(run_dir, resume)
-    (run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
-    say(quiet, f"run directory {run_dir}; {runtime.describe()}")
-
-    vocabs = _prepare_vocab(cfg, run_dir, splits[d.train], quiet)
+    if runtime.is_main:  # under torchrun, rank 0 prepares the run directory and the vocabulary
+        prepare_run_dir(run_dir, resume)
+        (run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
+        say(quiet, f"run directory {run_dir}; {runtime.describe()}")
+        vocabs = _prepare_vocab(cfg, run_dir, splits[d.train], quiet)
+    runtime.barrier()
+    if not runtime.is_main:
+        vocabs = _prepare_vocab(cfg, run_dir, splits[d.train], quiet)
     train = encode_split(d.train, splits[d.train], vocabs, d.max_len, quiet)
     valid = encode_split(d.valid, splits[d.valid], vocabs, cfg.model.max_positions - 2, quiet)
     test = encode_split(d.test, splits[d.test], vocabs, None, quiet) if d.test else None
@@ -178,4 +182,7 @@ def train_translation(cfg: TranslationRunConfig, run_dir: Path, device: str = "a
     task = TranslationTask(cfg, vocabs, train, valid, test, model, fingerprint(train_files))
     trainer = Trainer(task, cfg.train, run_dir, runtime, quiet)
     trainer.resume_or_start(resume)
-    return trainer.run()
+    try:
+        return trainer.run()
+    finally:
+        runtime.shutdown()

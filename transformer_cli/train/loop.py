@@ -7,7 +7,9 @@ checkpoints (atomic, exact resume), signals, logging and early stopping.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import random
 import signal
 import sys
@@ -107,6 +109,11 @@ class _StopSignal:
             signal.signal(sig, handler)
 
 
+def resume_requested(resume: bool) -> bool:
+    """`--resume auto`, or a job that torchrun restarted (--max-restarts): both continue from last.pt."""
+    return resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
 def prepare_run_dir(run_dir: Path, resume: bool) -> None:
     """Create the run directory; refuse to start a new run over a saved one (no work is ever lost)."""
     if not resume and (run_dir / "checkpoints" / "last.pt").exists():
@@ -118,10 +125,17 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> None:
 
 
 class Trainer:
-    """Owns the optimisation state of one run; `run()` trains until a stop condition."""
+    """Owns the optimisation state of one run; `run()` trains until a stop condition.
+
+    Under torchrun every rank builds the same global sequence of batches from the seed and takes
+    a disjoint share of each (rows rank, rank + W, ...), so what the model sees does not depend on the
+    number of processes; losses are normalised by the global batch's counts. Rank 0 alone evaluates,
+    logs and writes checkpoints (of the unwrapped model).
+    """
 
     def __init__(self, task: Task, cfg: TrainConfig, run_dir: Path, runtime: Runtime, quiet: bool = False):
-        self.task, self.cfg, self.run_dir, self.runtime, self.quiet = task, cfg, run_dir, runtime, quiet
+        self.task, self.cfg, self.run_dir, self.runtime = task, cfg, run_dir, runtime
+        self.quiet = quiet or not runtime.is_main
         self.ckpt_dir = run_dir / "checkpoints"
         self.model = task.model.to(runtime.device)
         self.optimizer = build_optimizer(self.model, cfg, runtime.device)
@@ -142,12 +156,24 @@ class Trainer:
             say(self.quiet, f"resumed from {last} at step {self.state.step} (epoch {self.state.epoch + 1})")
         elif resume:
             say(self.quiet, f"no {last} yet: starting a new run")
+        if self.runtime.distributed:
+            # Each rank draws its own dropout masks (the initial weights came from one shared seed).
+            torch.manual_seed(hash((self.cfg.seed, self.state.step, self.runtime.rank)) & 0x7FFF_FFFF)
+
+    def _wrap(self) -> nn.Module:
+        model: nn.Module = self.model
+        if self.runtime.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
+            model = DistributedDataParallel(model, device_ids=ids)
+        return torch.compile(model) if self.cfg.compile else model
 
     def run(self) -> dict[str, Any]:
         """Train; on a normal end log the test scores (if the task has them) and the end event."""
         cfg, state, task = self.cfg, self.state, self.task
-        step_model = torch.compile(self.model) if cfg.compile else self.model
-        self.metrics = MetricsLog(self.run_dir, resume_step=state.step if state.step else None)
+        step_model = self._wrap()
+        self.metrics = MetricsLog(self.run_dir, resume_step=state.step or None, enabled=self.runtime.is_main)
         bar = _progress(self.total_steps, state.step, self.quiet)
         interval = _Interval()
         reason = None
@@ -167,7 +193,7 @@ class Trainer:
                         if state.step % cfg.log_every == 0:
                             self._log_train(interval, bar)
                             interval = _Interval()
-                        reason = self._after_step(stop.received is not None)
+                        reason = self._after_step(self._agree(stop.received is not None))
                     if reason is None:
                         state.epoch += 1
                         state.batch_in_epoch = 0
@@ -178,31 +204,48 @@ class Trainer:
                 bar.close()
         if reason == "signal":
             self.metrics.close()
+            self.runtime.barrier()
             say(self.quiet, f"stopped by signal at step {state.step}; last.pt saved, resume with --resume auto")
-            sys.exit(128 + stop.received)
+            sys.exit(128 + (stop.received or signal.SIGTERM))
         wall = state.wall_seconds + time.perf_counter() - self.wall_start
-        test = task.final_report(self.ckpt_dir, self.runtime)
+        test = task.final_report(self.ckpt_dir, self.runtime) if self.runtime.is_main else None
         if test:
             self.metrics.log("test", state.step, **test)
         end = self.metrics.log("end", state.step, **{f"best_{task.best_metric}": state.best},
                                wall_s=round(wall, 1), stop=reason)
         self.metrics.close()
+        self.runtime.barrier()
         say(self.quiet, f"done at step {state.step} ({reason}), best {task.best_metric} {state.best}, {wall:.0f}s")
         return end
 
+    def _agree(self, signalled: bool) -> bool:
+        """Ranks stop together: a signal seen by any rank stops all of them after the same step."""
+        if not self.runtime.distributed:
+            return signalled
+        return self.runtime.all_reduce_sum([float(signalled)])[0] > 0
+
     def train_step(self, model: nn.Module, batches: list[Any], interval: _Interval) -> Tensor:
-        """One update over `batches` (the micro-batches of gradient accumulation); returns the grad norm."""
+        """One update over `batches` (the global micro-batches of gradient accumulation); returns the grad norm."""
         model.train()
+        rt = self.runtime
         norms: dict[str, int] = {}
         for batch in batches:
             for key, count in batch.counts.items():
                 norms[key] = norms.get(key, 0) + count
-        for batch in batches:
-            batch = batch.to(self.runtime.device)
-            with self.runtime.context():
-                objective, stats = self.task.step_loss(model, batch, norms)
-            self.scaler.scale(objective).backward()
-            interval.add(stats)
+        for i, batch in enumerate(batches):
+            share = batch.shard(rt.rank, rt.world_size)
+            # A rank whose share is empty still runs (DDP needs every rank's backward): one row, weight 0.
+            weight = float(rt.world_size) if share is not None else 0.0
+            share = (share or batch.shard(0, batch.rows)).to(rt.device)
+            last = i == len(batches) - 1
+            sync = contextlib.nullcontext() if last or not rt.distributed else model.no_sync()
+            with sync:
+                with rt.context():
+                    objective, stats = self.task.step_loss(model, share, norms)
+                # DDP averages gradients over ranks; the objective is already a share of the global mean.
+                self.scaler.scale(objective * weight if weight != 1.0 else objective).backward()
+            if weight:
+                interval.add(stats)
         self.scaler.unscale_(self.optimizer)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
@@ -233,6 +276,16 @@ class Trainer:
         self._save(best=improved, step_file=step_file)
 
     def _evaluate(self) -> bool:
+        """Rank 0 evaluates (the numbers of a single process); every rank learns the outcome."""
+        state = self.state
+        better = self._evaluate_here() if self.runtime.is_main else False
+        best = math.nan if state.best is None else state.best
+        best, bad_evals, better = self.runtime.broadcast([best, state.bad_evals, float(better)])
+        state.best = None if math.isnan(best) else best
+        state.bad_evals = int(bad_evals)
+        return bool(better)
+
+    def _evaluate_here(self) -> bool:
         t0 = time.perf_counter()
         self.model.eval()
         with torch.inference_mode():
@@ -251,7 +304,9 @@ class Trainer:
         return better
 
     def _save(self, best: bool, step_file: bool) -> None:
-        """Serialise once; write step_N.pt, best.pt and last.pt atomically; prune old step files."""
+        """Serialise once; write step_N.pt, best.pt and last.pt atomically; prune old step files (rank 0)."""
+        if not self.runtime.is_main:
+            return
         state = self.state
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
@@ -295,8 +350,10 @@ class Trainer:
             torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
 
     def _log_train(self, interval: _Interval, bar) -> None:
-        """The one host sync of an interval: read the summed losses and grad norms."""
-        averages = {key: float(total) / max(count, 1) for key, (total, count) in interval.sums.items()}
+        """The one host sync of an interval: read the summed losses (over all ranks) and grad norms."""
+        keys = sorted(interval.sums)
+        flat = self.runtime.all_reduce_sum([float(interval.sums[k][i]) for k in keys for i in (0, 1)])
+        averages = {k: flat[2 * j] / max(flat[2 * j + 1], 1) for j, k in enumerate(keys)}
         fields = self.task.summarize(averages)
         self.state.train_seconds += interval.seconds
         tps = interval.tokens / interval.seconds if interval.seconds > 0 else 0.0

@@ -6,7 +6,9 @@ The models never see any of this: the trainer and the decoder wrap their calls i
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,17 +55,50 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return "bf16" if device.type == "cpu" and cpu_has_bf16_matmul() else "fp32"
 
 
+def distributed_env() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when launched by torchrun, else None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+
+
 @dataclass
 class Runtime:
-    """Device + resolved precision; `context()` is what every forward pass runs under."""
+    """Device + resolved precision (+ the process's place in a torchrun job); `context()` is what every
+    forward pass runs under."""
 
     device: torch.device
     precision: str  # fp32 | bf16 | fp16
+    rank: int = 0
+    world_size: int = 1
 
     @classmethod
     def create(cls, device: str = "auto", precision: str = "auto") -> Runtime:
+        """A plain process, or, under torchrun, one rank of the job: NCCL and cuda:LOCAL_RANK on GPUs,
+        gloo on CPU. A collective that waits longer than TCLI_DIST_TIMEOUT seconds (default 600) fails
+        instead of hanging."""
+        env = distributed_env()
         dev = pick_device(device)
-        return cls(dev, resolve_precision(precision, dev))
+        if env is None:
+            return cls(dev, resolve_precision(precision, dev))
+        rank, world, local_rank = env
+        import torch.distributed as dist
+
+        if dev.type == "cuda":
+            dev = torch.device("cuda", local_rank)
+            torch.cuda.set_device(dev)
+        if not dist.is_initialized():
+            timeout = datetime.timedelta(seconds=float(os.environ.get("TCLI_DIST_TIMEOUT", 600)))
+            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timeout)
+        return cls(dev, resolve_precision(precision, dev), rank, world)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -84,6 +119,39 @@ class Runtime:
     def grad_scaler(self) -> torch.amp.GradScaler:
         return torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
+    def barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Sum a few numbers over the ranks (a no-op in a single process)."""
+        if not self.distributed:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def broadcast(self, values: list[float]) -> list[float]:
+        """Rank 0's numbers on every rank."""
+        if not self.distributed:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.broadcast(t, src=0)
+        return t.tolist()
+
+    def shutdown(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
     def describe(self) -> str:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "CPU"
-        return f"{self.device} ({name}), {self.precision}, {torch.get_num_threads()} threads"
+        where = f", rank {self.rank} of {self.world_size}" if self.distributed else ""
+        return f"{self.device} ({name}), {self.precision}, {torch.get_num_threads()} threads{where}"
