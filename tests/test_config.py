@@ -62,7 +62,7 @@ def test_override_beats_file(tmp_path):
     ("train: {max_steps: 10}\nmodel: {norm: middle}\n", [], r"model\.norm: .*'post' or 'pre'"),
     ("train: {max_steps: 10}\nmodel: {d_model: 30, heads: 4}\n", [], r"model\.d_model \(30\).*model\.heads \(4\)"),
     ("train: {max_steps: 10}\n", ["model.dropout=1.5"], r"--set model\.dropout=1\.5: model\.dropout: .*less than 1"),
-    ("train: {}\n", [], r"train\.max_steps or train\.max_epochs"),
+    ("train: {}\n", [], r"train\.max_steps, train\.max_epochs or train\.max_minutes"),
     ("train: {max_steps: 10}\nsurprise: 1\n", [], r"surprise: unknown key; valid keys here: data, vocab"),
 ])
 def test_bad_values_name_key_and_file(tmp_path, text, overrides, expected):

@@ -105,7 +105,7 @@ def test_train_then_translate_end_to_end(tmp_path, small_data):
     assert list((run / "tb").glob("events.out.tfevents.*"))
     log = events(run)
     train = [e for e in log if e["event"] == "train"]
-    assert set(train[0]) == {"event", "step", "epoch", "loss", "lr", "grad_norm", "tgt_tokens_per_sec"}
+    assert set(train[0]) == {"event", "step", "epoch", "loss", "lr", "grad_norm", "tgt_tokens_per_sec", "rss_mb"}
     assert all(e["tgt_tokens_per_sec"] > 0 for e in train)
     evals = [e for e in log if e["event"] == "eval"]
     assert [e["step"] for e in evals] == [6, 12] and {"valid_loss", "valid_ppl", "bleu"} <= set(evals[0])
@@ -201,3 +201,15 @@ def test_translate_errors(tmp_path):
 def test_help_and_module_entry_point():
     result = run_tcli("--help")
     assert result.returncode == 0 and "train" in result.stdout and "translate" in result.stdout
+
+
+def test_time_budget_stops_with_a_final_evaluation(tmp_path, small_data):
+    config = tiny_config(tmp_path, small_data, steps=100000)
+    run = tmp_path / "run"
+    result = run_tcli("train", "--config", str(config), "--out", str(run), "--quiet", "--set", "train.max_minutes=0.05",
+                      "--set", "train.eval_every=100000", "--set", "data.test=null")
+    assert result.returncode == 0, result.stderr
+    log = events(run)
+    assert log[-1]["event"] == "end" and log[-1]["stop"] == "max_minutes"
+    assert 3 <= log[-1]["wall_s"] < 60
+    assert log[-2]["event"] == "eval" and log[-2]["step"] == log[-1]["step"] and "wall_s" in log[-2]

@@ -202,3 +202,21 @@ def test_model_overfits_one_batch():
         opt.step()
         opt.zero_grad()
     assert (out.loss / out.tokens).item() < 0.05
+
+
+def test_cpu_dropout_rate_scale_gradient_and_seed():
+    from transformer_cli.models.layers import Dropout
+
+    drop = Dropout(0.1).train()
+    x = torch.ones(400, 1000, requires_grad=True)
+    torch.manual_seed(0)
+    y = drop(x)
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - 0.1) < 0.003
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.9))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach())  # d(sum)/dx = mask / (1 - p)
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), y)  # the default generator: seeded and resumable
+    assert not torch.equal(drop(x), y)
+    assert torch.equal(drop.eval()(x), x)

@@ -59,6 +59,7 @@ class TrainConfig(Section):
 
     max_steps: int | None = Field(None, ge=1, description="stop after this many updates")
     max_epochs: int | None = Field(None, ge=1, description="stop after this many passes over the data")
+    max_minutes: float | None = Field(None, gt=0, description="stop after this much wall time (evaluation included)")
     lr: float = Field(5e-4, gt=0.0, le=10.0, description="peak learning rate")
     warmup_steps: int = Field(4000, ge=0, description="linear warmup from 0 to lr")
     schedule: Literal["inverse_sqrt", "linear", "constant"] = Field(
@@ -79,6 +80,8 @@ class TrainConfig(Section):
     keep_last: int = Field(3, ge=0, description="step checkpoints kept besides best.pt and last.pt")
     patience: int | None = Field(None, ge=1, description="stop after this many evaluations without improvement")
     compile: bool = Field(False, description="torch.compile the model")
+    pad_to_multiple: int = Field(2, ge=1, description="pad batch lengths to a multiple of this: few repeating "
+                                 "tensor shapes keep memory flat and speed steady (1: no rounding)")
 
 
 # ----------------------------------------------------------------------------- translation
@@ -152,8 +155,10 @@ class TranslationRunConfig(Section):
 
 
 def _check_train(t: TrainConfig) -> None:
-    if t.max_steps is None and t.max_epochs is None:
-        raise ValueError("set train.max_steps or train.max_epochs (or both) so the run can end")
+    if t.max_steps is None and t.max_epochs is None and t.max_minutes is None:
+        raise ValueError("set train.max_steps, train.max_epochs or train.max_minutes so the run can end")
+    if t.schedule == "linear" and t.max_steps is None and t.max_epochs is None:
+        raise ValueError("train.schedule linear decays to 0 at the last step: set train.max_steps or train.max_epochs")
     if not all(0.0 <= b < 1.0 for b in t.adam_betas):
         raise ValueError(f"train.adam_betas {t.adam_betas} must lie in [0, 1)")
 

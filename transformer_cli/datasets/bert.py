@@ -19,8 +19,8 @@ from torch import Tensor
 
 from transformer_cli.datasets.text import read_lines
 from transformer_cli.errors import UserError
+from transformer_cli.models.losses import IGNORE
 
-IGNORE = -100
 IS_NEXT, NOT_NEXT = 0, 1
 
 # ----------------------------------------------------------------------------- documents

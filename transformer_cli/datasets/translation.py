@@ -74,12 +74,17 @@ def encode_parallel(src_lines: list[str], tgt_lines: list[str], src_vocab: Vocab
     return data
 
 
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int, seed: int, epoch: int,
-                  shuffle: bool = True) -> list[list[int]]:
+                  shuffle: bool = True, multiple: int = 1) -> list[list[int]]:
     """Group sentence indices into batches of at most `max_tokens` padded tokens per side.
 
     Sentences are sorted by length (ties in a random order drawn from seed and epoch) so that a
     batch holds sentences of similar length and padding stays low; the batch order is then shuffled.
+    Widths count the padding up to a multiple of `multiple` (see `collate`).
     The result depends only on (lengths, max_tokens, seed, epoch): this is what makes resume exact.
     """
     rng = random.Random(seed * 1_000_003 + epoch)
@@ -91,7 +96,7 @@ def token_batches(src_lens: list[int], tgt_lens: list[int], max_tokens: int, see
     batch: list[int] = []
     longest = 0
     for i in order:
-        width = max(src_lens[i], tgt_lens[i]) + 1  # EOS on the source, BOS/EOS on the target
+        width = round_up(max(src_lens[i], tgt_lens[i]) + 1, multiple)  # + EOS (source), BOS/EOS (target)
         if batch and (len(batch) + 1) * max(longest, width) > max_tokens:
             batches.append(batch)
             batch, longest = [], 0
@@ -132,9 +137,7 @@ class Batch:
         src, tgt_in, labels = self.src[rank::world], self.tgt_in[rank::world], self.labels[rank::world]
         if src.size(0) == 0:
             return None
-        src = src[:, : int(src.ne(PAD).sum(1).max())]  # drop columns that are padding in every row
-        width = int(labels.ne(PAD).sum(1).max())
-        return Batch(src, tgt_in[:, :width], labels[:, :width], tokens=int(labels.ne(PAD).sum()),
+        return Batch(src, tgt_in, labels, tokens=int(labels.ne(PAD).sum()),
                      src_tokens=int(src.ne(PAD).sum()))
 
     def to(self, device: torch.device) -> Batch:
@@ -143,23 +146,29 @@ class Batch:
                      self.labels.to(device, non_blocking=nb), self.tokens, self.src_tokens)
 
 
-def pad_sequences(seqs: list[list[int]], pad_id: int, prefix: int | None = None, suffix: int | None = None) -> Tensor:
-    """Right-padded (B, max_len) tensor of `[prefix] seq [suffix]`."""
+def pad_sequences(seqs: list[list[int]], pad_id: int, prefix: int | None = None, suffix: int | None = None,
+                  multiple: int = 1) -> Tensor:
+    """Right-padded (B, width) tensor of `[prefix] seq [suffix]`, width rounded up to a multiple of `multiple`."""
     extra = (prefix is not None) + (suffix is not None)
-    out = torch.full((len(seqs), max(map(len, seqs)) + extra), pad_id, dtype=torch.long)
+    width = round_up(max(map(len, seqs)) + extra, multiple)
+    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     for row, seq in enumerate(seqs):
         full = ([prefix] if prefix is not None else []) + seq + ([suffix] if suffix is not None else [])
         out[row, : len(full)] = torch.tensor(full, dtype=torch.long)
     return out
 
 
-def collate(data: ParallelData, indices: list[int], pad_id: int, bos_id: int, eos_id: int) -> Batch:
+def collate(data: ParallelData, indices: list[int], pad_id: int, bos_id: int, eos_id: int,
+            multiple: int = 1) -> Batch:
+    """Padded tensors of the pairs `indices`. Widths are rounded up to a multiple of `multiple`: on CPU,
+    every new tensor shape costs kernel setup and leaves the allocator fragmented (memory grows over a
+    run), so a few shapes that repeat are worth a little padding."""
     src = [data.src[i] for i in indices]
     tgt = [data.tgt[i] for i in indices]
     return Batch(
-        src=pad_sequences(src, pad_id, suffix=eos_id),
-        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id),
-        labels=pad_sequences(tgt, pad_id, suffix=eos_id),
+        src=pad_sequences(src, pad_id, suffix=eos_id, multiple=multiple),
+        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id, multiple=multiple),
+        labels=pad_sequences(tgt, pad_id, suffix=eos_id, multiple=multiple),
         tokens=sum(map(len, tgt)) + len(tgt),
         src_tokens=sum(map(len, src)) + len(src),
     )

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_cli.models.layers import EncoderBlock
+from transformer_cli.models.layers import Dropout, EncoderBlock
+from transformer_cli.models.losses import IGNORE, gather_rows, smoothed_cross_entropy
 
-IGNORE = -100  # MLM label of a position that carries no loss
 
 
 @dataclass
@@ -28,7 +28,7 @@ class BertLoss:
     nsp_loss: Tensor  # cross-entropy summed over sequences
     mlm_correct: Tensor  # masked positions predicted right (detached)
     nsp_correct: Tensor
-    mlm_count: int
+    mlm_count: Tensor  # masked positions (filler rows excluded)
     nsp_count: int
 
 
@@ -40,7 +40,7 @@ class BertEmbeddings(nn.Module):
         self.position = nn.Embedding(max_positions, d_model)
         self.segment = nn.Embedding(segments, d_model)
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, input_ids: Tensor, segment_ids: Tensor) -> Tensor:
         T = input_ids.size(1)
@@ -106,18 +106,17 @@ class Bert(nn.Module):
         nsp_logits = self.nsp_head(self.pooled(hidden))  # (B, 2)
         if mlm_labels is None or nsp_labels is None:
             return self.mlm_logits(hidden), nsp_logits
-        masked = mlm_labels.ne(IGNORE)
         # Only the ~15% masked positions reach the vocabulary projection, the largest matmul of a small BERT.
-        logits = self.mlm_logits(hidden[masked])  # (M, V)
-        targets = mlm_labels[masked]
-        mlm_loss = F.cross_entropy(logits.float(), targets, reduction="sum")
+        rows, targets = gather_rows(hidden, mlm_labels, ignore=IGNORE)  # (M, d), (M,)
+        logits = self.mlm_logits(rows)  # (M, V)
+        mlm = smoothed_cross_entropy(logits, targets)
         nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="sum")
         return BertLoss(
-            mlm_loss=mlm_loss,
+            mlm_loss=mlm.loss,
             nsp_loss=nsp_loss,
             mlm_correct=(logits.argmax(-1) == targets).sum().detach(),
             nsp_correct=(nsp_logits.argmax(-1) == nsp_labels).sum().detach(),
-            mlm_count=targets.numel(),
+            mlm_count=mlm.tokens,
             nsp_count=nsp_labels.numel(),
         )
 

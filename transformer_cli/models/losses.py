@@ -3,8 +3,9 @@
 loss = (1 - eps) * NLL + eps * mean over the vocabulary of -log p, summed over rows.
 The autograd graph of `log_softmax -> gather -> mean` keeps an fp32 (M, V) log-probability tensor and
 spends four more vocabulary-sized passes in backward (zeros for the gather, the mean's expand and
-division, the log-softmax backward). Here forward keeps only the logits and one logsumexp per row,
-and backward writes the gradient softmax(x) - (1 - eps) * onehot - eps / V in one pass per chunk.
+division, the log-softmax backward). Here forward runs one fused softmax per cache-sized chunk of
+rows, reads the loss off it, and keeps the softmax (in the logits' dtype) for backward, which only
+shifts and scales it into softmax(x) - (1 - eps) * onehot - eps / V.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 from torch import Tensor
 
 _CHUNK_ELEMENTS = 1 << 20  # rows per chunk such that an fp32 chunk is ~4 MB: cache friendly, few Python steps
+IGNORE = -100  # target of a row that carries no loss
+ROW_MULTIPLE = 64  # see gather_rows
 
 
 @dataclass
@@ -35,38 +38,64 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
         M, V = logits.shape
+        valid = target.ne(IGNORE)
+        target = target.clamp(min=0)
         acc = torch.promote_types(logits.dtype, torch.float32)  # bf16/fp16 logits are reduced in fp32
         lse = torch.empty(M, dtype=acc, device=logits.device)
         mean_logit = torch.empty_like(lse)
+        probs = torch.empty_like(logits)  # softmax, kept for backward in the logits' dtype
         for a, b in _chunks(M, V):
-            x = logits[a:b].to(acc)  # (c, V)
-            torch.logsumexp(x, dim=-1, out=lse[a:b])
+            x = logits[a:b].to(acc)  # (c, V); the chunk stays in cache for the passes below
             torch.mean(x, dim=-1, out=mean_logit[a:b])
-        nll = lse - logits.gather(-1, target[:, None]).squeeze(-1).to(acc)  # -log p(target), (M,)
-        smooth = lse - mean_logit  # mean over the vocabulary of -log p, (M,)
+            x_max = x.amax(-1)
+            p = torch.softmax(x, dim=-1)
+            # log-sum-exp from the softmax: p_max = exp(x_max - lse) >= 1/V never underflows.
+            torch.sub(x_max, p.amax(-1).log(), out=lse[a:b])
+            probs[a:b] = p
+        nll = (lse - logits.gather(-1, target[:, None]).squeeze(-1).to(acc)) * valid  # -log p(target), (M,)
+        smooth = (lse - mean_logit) * valid  # mean over the vocabulary of -log p, (M,)
         loss = (1.0 - epsilon) * nll.sum() + epsilon * smooth.sum()
-        ctx.save_for_backward(logits, target, lse)
+        ctx.save_for_backward(probs, target, valid)
         ctx.epsilon = epsilon
         ctx.mark_non_differentiable(nll)
         return loss, nll.sum()
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        logits, target, lse = ctx.saved_tensors
+        # d loss / d logits = softmax - (1 - eps) * onehot(target) - eps / V, on valid rows.
+        probs, target, valid = ctx.saved_tensors
+        if getattr(ctx, "consumed", False):
+            raise RuntimeError("smoothed_cross_entropy: backward turns the saved softmax into the gradient in place, "
+                               "so it runs once per forward (retain_graph is not supported)")
+        ctx.consumed = True
         eps = ctx.epsilon
-        M, V = logits.shape
-        grad = torch.empty_like(logits)
-        rows = torch.arange(M, device=logits.device)
-        for a, b in _chunks(M, V):
-            g = (logits[a:b].to(lse.dtype) - lse[a:b, None]).exp_()  # softmax, (c, V)
-            if eps:
-                g.sub_(eps / V)
-            g[rows[: b - a], target[a:b]] -= 1.0 - eps
-            grad[a:b] = g.mul_(grad_loss)
+        M, V = probs.shape
+        grad = probs  # in place: no second vocabulary-sized tensor
+        grad.sub_(eps / V)
+        grad[torch.arange(M, device=grad.device), target] -= 1.0 - eps
+        grad.mul_((valid * grad_loss).to(grad.dtype)[:, None])
         return grad, None, None
 
 
 def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float = 0.0) -> LossOutput:
-    """Summed label-smoothed cross-entropy of logits (M, V) against target ids (M,), and the plain NLL."""
+    """Summed label-smoothed cross-entropy of logits (M, V) against target ids (M,), and the plain NLL.
+    Rows whose target is IGNORE contribute nothing."""
     loss, nll = _SmoothedCrossEntropy.apply(logits, target, epsilon)
-    return LossOutput(loss=loss, nll=nll.detach(), tokens=target.new_tensor(target.numel()))
+    return LossOutput(loss=loss, nll=nll.detach(), tokens=target.ne(IGNORE).sum())
+
+
+def gather_rows(hidden: Tensor, labels: Tensor, ignore: int) -> tuple[Tensor, Tensor]:
+    """The rows of hidden (..., d) whose label is not `ignore`, and their labels (IGNORE on filler rows).
+
+    Only these rows reach the vocabulary projection. Their count is rounded up to a multiple of
+    ROW_MULTIPLE with ignored filler rows: vocabulary-sized tensors then come in a few repeating
+    shapes, which on CPU keeps the allocator from fragmenting (memory would grow over a run).
+    """
+    flat_labels = labels.flatten()
+    index = flat_labels.ne(ignore).nonzero().squeeze(1)  # (M,)
+    targets = flat_labels[index]
+    extra = (-index.numel()) % ROW_MULTIPLE
+    if extra:
+        index = torch.cat([index, index.new_zeros(extra)])
+        targets = torch.cat([targets, targets.new_full((extra,), IGNORE)])
+    return hidden.flatten(0, -2)[index], targets

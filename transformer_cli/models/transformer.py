@@ -13,13 +13,14 @@ from torch import Tensor, nn
 
 from transformer_cli.models.layers import (
     DecoderBlock,
+    Dropout,
     EncoderBlock,
     KVCache,
     init_embedding,
     scaled_embedding,
     sinusoidal_positions,
 )
-from transformer_cli.models.losses import LossOutput, smoothed_cross_entropy
+from transformer_cli.models.losses import LossOutput, gather_rows, smoothed_cross_entropy
 
 
 @dataclass
@@ -71,7 +72,7 @@ class Transformer(nn.Module):
         self.tgt_embed = (self.src_embed if share_embeddings
                           else nn.Embedding(tgt_vocab_size, d_model, padding_idx=pad_id))
         self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         block = dict(d_model=d_model, heads=heads, ffn_dim=ffn_dim, dropout=dropout,
                      attention_dropout=attention_dropout, activation=activation, norm_first=norm_first)
         self.encoder = nn.ModuleList(EncoderBlock(**block) for _ in range(enc_layers))
@@ -127,10 +128,9 @@ class Transformer(nn.Module):
         hidden = self.decode(tgt_in, memory, src_pad_mask)
         if labels is None:
             return self.out_proj(hidden)
-        keep = labels.ne(self.pad_id)
         # Project only the positions that carry a loss: padding never reaches the vocabulary matmul.
-        logits = self.out_proj(hidden[keep])  # (M, V)
-        return smoothed_cross_entropy(logits, labels[keep], label_smoothing)
+        rows, targets = gather_rows(hidden, labels, ignore=self.pad_id)  # (M, d), (M,)
+        return smoothed_cross_entropy(self.out_proj(rows), targets, label_smoothing)
 
     # ------------------------------------------------------------------ incremental decoding
 

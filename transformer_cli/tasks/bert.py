@@ -85,8 +85,8 @@ class BertTask:
     def step_loss(self, model: nn.Module, batch: BertBatch, norms: dict[str, int]) -> tuple[Tensor, dict]:
         out = model(batch.input_ids, batch.segment_ids, batch.mlm_labels, batch.nsp_labels)
         objective = out.mlm_loss / norms["mlm"] + out.nsp_loss / norms["nsp"]
-        return objective, {"mlm_loss": (out.mlm_loss.detach(), out.mlm_count),
-                           "nsp_loss": (out.nsp_loss.detach(), out.nsp_count)}
+        return objective, {"mlm_loss": (out.mlm_loss.detach(), batch.masked),
+                           "nsp_loss": (out.nsp_loss.detach(), batch.rows)}
 
     def summarize(self, averages: dict[str, float]) -> dict[str, float]:
         return {"loss": averages["mlm_loss"] + averages["nsp_loss"], "mlm_loss": averages["mlm_loss"],
@@ -107,7 +107,7 @@ class BertTask:
             sums["mlm_loss"] += float(out.mlm_loss)
             sums["mlm_correct"] += int(out.mlm_correct)
             sums["nsp_correct"] += int(out.nsp_correct)
-            sums["mlm"] += out.mlm_count
+            sums["mlm"] += int(out.mlm_count)
             sums["nsp"] += out.nsp_count
         mlm_loss = sums["mlm_loss"] / max(sums["mlm"], 1)
         return {"mlm_loss": mlm_loss, "mlm_acc": sums["mlm_correct"] / max(sums["mlm"], 1),

@@ -45,10 +45,11 @@ class TranslationTask:
         self._tgt_lens = [len(t) for t in train.tgt]
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        return token_batches(self._src_lens, self._tgt_lens, self.cfg.train.max_tokens, self.cfg.train.seed, epoch)
+        t = self.cfg.train
+        return token_batches(self._src_lens, self._tgt_lens, t.max_tokens, t.seed, epoch, multiple=t.pad_to_multiple)
 
     def make_batch(self, spec: list[int], epoch: int) -> Batch:
-        return collate(self.train, spec, PAD_ID, BOS_ID, EOS_ID)
+        return collate(self.train, spec, PAD_ID, BOS_ID, EOS_ID, multiple=self.cfg.train.pad_to_multiple)
 
     def step_loss(self, model: nn.Module, batch: Batch, norms: dict[str, int]) -> tuple[Tensor, dict]:
         out = model(batch.src, batch.tgt_in, labels=batch.labels, label_smoothing=self.cfg.train.label_smoothing)

@@ -141,7 +141,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg, runtime.device)
         steps_per_epoch = math.ceil(len(task.epoch_batches(0)) / cfg.accum_steps)
         epoch_steps = steps_per_epoch * cfg.max_epochs if cfg.max_epochs else None
-        self.total_steps = min(s for s in (cfg.max_steps, epoch_steps) if s)
+        limits = [s for s in (cfg.max_steps, epoch_steps) if s]
+        self.total_steps = min(limits) if limits else None  # None: only train.max_minutes ends the run
         self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps)
         self.scaler = runtime.grad_scaler()
         self.state = TrainState()
@@ -193,7 +194,7 @@ class Trainer:
                         if state.step % cfg.log_every == 0:
                             self._log_train(interval, bar)
                             interval = _Interval()
-                        reason = self._after_step(self._agree(stop.received is not None))
+                        reason = self._after_step(*self._agree(stop.received is not None, self._out_of_time()))
                     if reason is None:
                         state.epoch += 1
                         state.batch_in_epoch = 0
@@ -207,7 +208,7 @@ class Trainer:
             self.runtime.barrier()
             say(self.quiet, f"stopped by signal at step {state.step}; last.pt saved, resume with --resume auto")
             sys.exit(128 + (stop.received or signal.SIGTERM))
-        wall = state.wall_seconds + time.perf_counter() - self.wall_start
+        wall = self.elapsed()
         test = task.final_report(self.ckpt_dir, self.runtime) if self.runtime.is_main else None
         if test:
             self.metrics.log("test", state.step, **test)
@@ -218,11 +219,20 @@ class Trainer:
         say(self.quiet, f"done at step {state.step} ({reason}), best {task.best_metric} {state.best}, {wall:.0f}s")
         return end
 
-    def _agree(self, signalled: bool) -> bool:
-        """Ranks stop together: a signal seen by any rank stops all of them after the same step."""
+    def _out_of_time(self) -> bool:
+        limit = self.cfg.max_minutes
+        return limit is not None and self.elapsed() >= 60 * limit
+
+    def elapsed(self) -> float:
+        """Wall seconds of the run so far, over all its sessions."""
+        return self.state.wall_seconds + time.perf_counter() - self.wall_start
+
+    def _agree(self, signalled: bool, out_of_time: bool) -> tuple[bool, bool]:
+        """Ranks stop together: what any rank sees (a signal, the time limit) stops all after the same step."""
         if not self.runtime.distributed:
-            return signalled
-        return self.runtime.all_reduce_sum([float(signalled)])[0] > 0
+            return signalled, out_of_time
+        total = self.runtime.all_reduce_sum([float(signalled), float(out_of_time)])
+        return total[0] > 0, total[1] > 0
 
     def train_step(self, model: nn.Module, batches: list[Any], interval: _Interval) -> Tensor:
         """One update over `batches` (the global micro-batches of gradient accumulation); returns the grad norm."""
@@ -256,10 +266,11 @@ class Trainer:
         self.scheduler.step()
         return grad_norm.detach()
 
-    def _after_step(self, signalled: bool) -> str | None:
+    def _after_step(self, signalled: bool, out_of_time: bool) -> str | None:
         """Evaluate / save on schedule; return why training stops now, or None."""
         cfg, step = self.cfg, self.state.step
         reason = "max_steps" if cfg.max_steps and step >= cfg.max_steps else None
+        reason = reason or ("max_minutes" if out_of_time else None)
         if step % cfg.eval_every == 0 or reason:
             self._evaluate_and_save(step_file=True, evaluate=True)
             if cfg.patience and self.state.bad_evals >= cfg.patience:
@@ -292,7 +303,8 @@ class Trainer:
             results = self.task.evaluate(self.model, self.runtime)
         self.model.train()
         state, task = self.state, self.task
-        self.metrics.log("eval", state.step, **results, eval_s=round(time.perf_counter() - t0, 2))
+        self.metrics.log("eval", state.step, **results, eval_s=round(time.perf_counter() - t0, 2),
+                         wall_s=round(self.elapsed(), 1))
         value = results[task.best_metric]
         better = state.best is None or (value > state.best if task.best_mode == "max" else value < state.best)
         if better:
@@ -314,7 +326,7 @@ class Trainer:
         train_state = {
             "step": state.step, "epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
             "best": state.best, "bad_evals": state.bad_evals, "train_seconds": state.train_seconds,
-            "wall_seconds": state.wall_seconds + time.perf_counter() - self.wall_start,
+            "wall_seconds": self.elapsed(),
         }
         data = serialize({
             "tcli": {"kind": self.task.kind, "version": __version__},
@@ -360,11 +372,23 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm = float(interval.grad_norm) / max(interval.steps, 1)
         self.metrics.log("train", self.state.step, epoch=self.state.epoch + 1, **fields, lr=lr, grad_norm=grad_norm,
-                         **{self.task.throughput_key: round(tps, 1)})
+                         **{self.task.throughput_key: round(tps, 1)}, rss_mb=round(resident_mb(), 1))
         bar.set_postfix_str(f"loss {fields['loss']:.3f}  lr {lr:.2e}  {tps:,.0f} tok/s", refresh=False)
         if bar.disable and not self.quiet:
             print(f"step {self.state.step}  epoch {self.state.epoch + 1}  loss {fields['loss']:.4f}  lr {lr:.3g}  "
                   f"grad_norm {grad_norm:.3f}  {tps:,.0f} tok/s", file=sys.stderr, flush=True)
+
+
+def resident_mb() -> float:
+    """This process's resident memory in MB (Linux /proc; elsewhere the peak from getrusage)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def _as_random_state(value) -> tuple:
