@@ -77,7 +77,7 @@ def test_incremental_decoding_with_cache_equals_full_forward(norm_first):
     src[0, 5:] = PAD
     full = model(src, tgt)  # (B, T, V)
     memory, pad_mask = model.encode(src)
-    state = model.start_decoding(memory, pad_mask, rows_per_sentence=1, max_len=6)
+    state = model.start_decoding(memory, pad_mask, max_len=6)
     steps = [model.decode_step(tgt[:, t : t + 1], state) for t in range(6)]
     torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
 
@@ -87,7 +87,7 @@ def test_cross_attention_groups_beams_without_copying_memory():
     model = tiny()
     src, tgt = random_src(2, 5), random_src(2, 3, seed=7)
     memory, pad_mask = model.encode(src)
-    state = model.start_decoding(memory, pad_mask, rows_per_sentence=3, max_len=3)
+    state = model.start_decoding(memory, pad_mask, max_len=3)
     rows = tgt.repeat_interleave(3, dim=0)  # (6, 3): three identical beams per sentence
     out = torch.stack([model.decode_step(rows[:, t : t + 1], state) for t in range(3)], 1)
     ref = model(src, tgt).repeat_interleave(3, dim=0)

@@ -39,7 +39,7 @@ def greedy_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max
     B = src.size(0)
     limits = max_lengths(src, model.pad_id, max_len_a, max_len_b, model.positions.size(0) - 1)
     T = int(limits.max())
-    state = model.start_decoding(memory, src_pad, 1, T)
+    state = model.start_decoding(memory, src_pad, T)
     out = src.new_full((B, T + 1), model.pad_id)
     out[:, 0] = bos_id
     done = torch.zeros(B, dtype=torch.bool, device=src.device)
@@ -68,7 +68,7 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam:
     memory, src_pad = model.encode(src)
     limits = max_lengths(src, model.pad_id, max_len_a, max_len_b, model.positions.size(0) - 1)  # (B,)
     T = int(limits.max())
-    state = model.start_decoding(memory, src_pad, K, T)
+    state = model.start_decoding(memory, src_pad, T)
 
     tokens = src.new_full((B * K, T + 1), model.pad_id)  # alive hypotheses, row = sentence * K + beam
     tokens[:, 0] = bos_id
@@ -81,30 +81,33 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam:
 
     for t in range(T):
         b = active.numel()
-        lprobs = F.log_softmax(model.decode_step(tokens[:, t : t + 1], state).float(), dim=-1)  # (b*K, V)
-        V = lprobs.size(-1)
-        lprobs = lprobs.view(b, K, V)
-        at_limit = (t + 1 >= limits[active])[:, None, None]  # (b, 1, 1): only EOS may follow
-        lprobs = lprobs.masked_fill(at_limit & (torch.arange(V, device=device) != eos_id), float("-inf"))
+        logits = model.decode_step(tokens[:, t : t + 1], state)  # (b*K, V)
+        V = logits.size(-1)
+        lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32).view(b, K, V)
+        at_limit = t + 1 >= limits[active]  # (b,): only EOS may follow
+        if bool(at_limit.any()):
+            lprobs[at_limit] = lprobs[at_limit].masked_fill(torch.arange(V, device=device) != eos_id, float("-inf"))
         # One top-k over beam x vocabulary. 2K candidates always hold K that do not end in EOS.
-        top_scores, top_idx = (scores[:, :, None] + lprobs).view(b, K * V).topk(2 * K, dim=1)  # (b, 2K)
+        top_scores, top_idx = lprobs.add_(scores[:, :, None]).view(b, K * V).topk(2 * K, dim=1)  # (b, 2K)
         rows = torch.arange(b, device=device)[:, None] * K + top_idx // V  # (b, 2K) hypothesis rows
         top_tok = top_idx % V
         is_eos = top_tok.eq(eos_id)
 
-        # EOS candidates ranked within the top K finish; keep each sentence's K best finished ones.
+        # EOS candidates ranked within the top K finish; each sentence keeps its K best finished ones.
         finishing = is_eos & (ranks < K) & top_scores.isfinite()
-        cand = tokens[rows]  # (b, 2K, T+1)
-        cand[:, :, t + 1] = top_tok
-        normalised = (top_scores / (t + 1) ** lenpen).masked_fill(~finishing, float("-inf"))
-        merged_scores = torch.cat([fin_scores[active], normalised], 1)  # (b, 3K)
-        merged_tokens = torch.cat([fin_tokens[active], cand], 1)  # (b, 3K, T+1)
-        best, which = merged_scores.topk(K, dim=1)
-        fin_scores[active] = best
-        fin_tokens[active] = merged_tokens.gather(1, which[:, :, None].expand(-1, -1, T + 1))
+        if bool(finishing.any()):
+            f = finishing.any(1).nonzero().squeeze(1)  # sentences where something finishes
+            sent = active[f]
+            cand = tokens[rows[f]]  # (f, 2K, T+1)
+            cand[:, :, t + 1] = top_tok[f]
+            normalised = (top_scores[f] / (t + 1) ** lenpen).masked_fill(~finishing[f], float("-inf"))
+            best, which = torch.cat([fin_scores[sent], normalised], 1).topk(K, dim=1)  # of (f, 3K)
+            merged = torch.cat([fin_tokens[sent], cand], 1)  # (f, 3K, T+1)
+            fin_scores[sent] = best
+            fin_tokens[sent] = merged.gather(1, which[:, :, None].expand(-1, -1, T + 1))
 
         # Sentences with K finished hypotheses are done and leave the batch.
-        keep = best[:, -1].isinf().nonzero().squeeze(1)  # (b',)
+        keep = fin_scores[active, -1].isinf().nonzero().squeeze(1)  # (b',)
         if keep.numel() == 0:
             break
         alive_scores, pick = top_scores.masked_fill(is_eos, float("-inf"))[keep].topk(K, dim=1)  # (b', K)

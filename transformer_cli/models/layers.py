@@ -61,16 +61,21 @@ class Dropout(nn.Dropout):
 class KVCache:
     """Keys and values of the positions decoded so far, for one self-attention layer.
 
-    Pre-allocated to `max_len` so that a decoding step writes one slot instead of concatenating.
+    Allocated on the first append, in the dtype of the projected keys (bf16 under autocast), for
+    `max_len` positions, so that a decoding step writes one slot instead of concatenating.
     """
 
-    def __init__(self, batch: int, heads: int, max_len: int, d_k: int, like: Tensor):
-        self.k = like.new_empty(batch, heads, max_len, d_k)
-        self.v = like.new_empty(batch, heads, max_len, d_k)
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
         self.length = 0
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store (N, H, T, d_k) keys/values after the cached ones; return all of them."""
+        if self.k is None:
+            N, H, _, d_k = k.shape
+            self.k, self.v = k.new_empty(N, H, self.max_len, d_k), v.new_empty(N, H, self.max_len, d_k)
         end = self.length + k.size(2)
         self.k[:, :, self.length : end] = k
         self.v[:, :, self.length : end] = v
@@ -78,14 +83,17 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
     def select(self, index: Tensor) -> None:
-        """Keep rows `index` (beam reordering, finished sentences dropped)."""
-        if index.numel() == self.k.size(0):  # reorder in place, copying only the filled prefix
-            L = self.length
+        """Keep rows `index` (beam reordering, finished sentences dropped); copies only the filled prefix."""
+        if self.k is None:
+            return
+        L = self.length
+        if index.numel() == self.k.size(0):  # same number of rows: reorder in place
             self.k[:, :, :L] = self.k[index, :, :L]
             self.v[:, :, :L] = self.v[index, :, :L]
-        else:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+            return
+        k, v = self.k.new_empty(index.numel(), *self.k.shape[1:]), self.v.new_empty(index.numel(), *self.v.shape[1:])
+        k[:, :, :L], v[:, :, :L] = self.k[index, :, :L], self.v[index, :, :L]
+        self.k, self.v = k, v
 
 
 class MultiHeadAttention(nn.Module):

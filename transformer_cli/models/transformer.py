@@ -134,11 +134,10 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------ incremental decoding
 
-    def start_decoding(self, memory: Tensor, src_pad_mask: Tensor, rows_per_sentence: int,
-                       max_len: int) -> DecoderState:
-        """Project the encoder output once and allocate the caches for B * rows_per_sentence hypotheses."""
-        n = memory.size(0) * rows_per_sentence
-        caches = [KVCache(n, self.heads, max_len, self.d_model // self.heads, memory) for _ in self.decoder]
+    def start_decoding(self, memory: Tensor, src_pad_mask: Tensor, max_len: int) -> DecoderState:
+        """Project the encoder output once (per sentence, shared by its hypotheses); empty caches for up to
+        max_len decoded positions."""
+        caches = [KVCache(max_len) for _ in self.decoder]
         return DecoderState(self._project_memory(memory), src_pad_mask, caches)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
