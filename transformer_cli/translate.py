@@ -38,7 +38,10 @@ class Translator:
         model = build_transformer(cfg.model, len(src_vocab), len(tgt_vocab))
         model.load_state_dict(state["model"])
         runtime = Runtime.create(device, precision)
-        return cls(model.to(runtime.device).eval(), src_vocab, tgt_vocab, runtime)
+        # Inference needs no fp32 master weights: in bf16/fp16 the weights (and the positions table) are
+        # converted once, so no activation or cache is cast back and forth at every decoding step.
+        dtype = runtime.autocast_dtype or torch.float32
+        return cls(model.to(runtime.device, dtype).eval(), src_vocab, tgt_vocab, runtime)
 
     def translate(self, lines: list[str], opts: DecodeOptions) -> list[list[tuple[str, float]]]:
         """n-best (text, score) lists in input order; an empty line gets an empty hypothesis."""

@@ -19,7 +19,6 @@ from transformer_cli.models.layers import Dropout, EncoderBlock
 from transformer_cli.models.losses import IGNORE, gather_rows, smoothed_cross_entropy
 
 
-
 @dataclass
 class BertLoss:
     """Sums; the trainer normalises MLM by masked positions and NSP by sequences."""
