@@ -7,7 +7,8 @@ Runs, in one process tree on this machine: the matmul peak (fp32, bf16); transla
 `peer_hf_nmt.py --dtype bf16`; BERT pretraining (`tcli pretrain-bert` on WikiText-2, `tokens_per_sec`)
 against `peer_hf_bert.py --dtype bf16`; beam search (`tcli translate --beam 5` on test_2016_flickr,
 decoded tokens/s) against `peer_hf_nmt.py --mode decode --batch 64 --new-tokens 20`; model FLOPs
-utilisation from FLOPs counted on a real step; resident memory over a long run. Ours and the peers
+utilisation from FLOPs counted on a real step; resident memory over a long run; data-parallel
+throughput with 1 and 2 processes under torchrun. Ours and the peers
 alternate (`--rounds`) so that the shared machine's noise hits both; ratios use medians.
 With `--write FILE` the table replaces the part of FILE between its benchmark markers.
 """
@@ -38,8 +39,8 @@ BERT_SIZE = ["model.d_model=256", "model.layers=4", "model.heads=4", "model.ffn_
              "data.max_seq_len=128", "train.batch_size=32"]
 
 
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, **kw)
+def run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if result.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{result.stderr[-3000:]}")
     return result
@@ -158,6 +159,28 @@ def bench_memory(work: Path, steps: int) -> dict:
     return {"after_warmup_mb": warm[0], "end_mb": warm[-1], "max_mb": max(warm), "samples": rss}
 
 
+def bench_ddp(work: Path, steps: int) -> dict:
+    """Translation training under torchrun: 2 processes of 1 thread each against 1 process of 1 thread
+    (scaling efficiency = 2-process throughput / twice the 1-process one) and 1 process of all threads.
+    The global batch (train.max_tokens) is the same in all three."""
+    args = ["train", "--config", "configs/multi30k_en_de.yaml", "--quiet",
+            "--set", f"data.dir={SHARED / 'data' / 'multi30k'}", "--set", f"train.max_steps={steps}",
+            "--set", "train.log_every=25", "--set", "train.eval_every=100000", "--set", "data.test=null",
+            *overrides(NMT_SIZE)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                "-m", "transformer_cli"]
+    setups = {"1 process, 1 thread": (tcli(*args), {"OMP_NUM_THREADS": "1"}),
+              "2 processes (torchrun, gloo), 1 thread each": (torchrun + args, {"OMP_NUM_THREADS": "1"}),
+              f"1 process, {torch.get_num_threads()} threads": (tcli(*args), {})}
+    result = {}
+    for name, (cmd, env) in setups.items():
+        out = work / f"ddp{len(result)}"
+        run(cmd + ["--out", str(out)], env)
+        result[name] = steady(out, "tgt_tokens_per_sec")
+    one, two = list(result.values())[:2]
+    return {"tokens_per_sec": result, "efficiency": two / (2 * one), "steps": steps}
+
+
 def machine() -> str:
     cpu = platform.processor() or "CPU"
     try:
@@ -206,6 +229,12 @@ def table(r: dict) -> str:
         rows.append(f"| peak RSS of translation training over {m['samples'][-1][0]} steps | "
                     f"{m['after_warmup_mb']:.0f} MB after warm-up, {m['end_mb']:.0f} MB at the end "
                     f"(max {m['max_mb']:.0f}) | — | — | no growth |")
+    if "ddp" in r:
+        d = r["ddp"]
+        rows += ["", f"Data-parallel translation training (Multi30k, same size and global batch, {d['steps']} steps "
+                 "each, steady-state tgt tokens/s):", "", "| setup | tgt tokens/s |", "|---|---|"]
+        rows += [f"| {name} | {tps:,.0f} |" for name, tps in d["tokens_per_sec"].items()]
+        rows += ["", f"Scaling efficiency, 2 processes against 1 (1 thread each): {100 * d['efficiency']:.0f}%."]
     rows.append("")
     rows.append("Raw medians of each round: " + "; ".join(
         f"{k}: ours {[round(x) for x in r[k]['ours_all']]}, peer {[round(x) for x in r[k]['peer_all']]}"
@@ -215,11 +244,12 @@ def table(r: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="nmt,bert,decode,memory", help="comma-separated subset")
+    p.add_argument("--only", default="nmt,bert,decode,memory,ddp", help="comma-separated subset")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours and the peer")
     p.add_argument("--nmt-steps", type=int, default=200)
     p.add_argument("--bert-steps", type=int, default=150)
     p.add_argument("--memory-steps", type=int, default=1000)
+    p.add_argument("--ddp-steps", type=int, default=150)
     p.add_argument("--nmt-checkpoint", type=Path, help="a trained Multi30k model for the decoding benchmark")
     p.add_argument("--write", type=Path, help="replace the benchmark section of this markdown file")
     a = p.parse_args()
@@ -241,6 +271,8 @@ def main() -> None:
             result["decode"] = bench_decode(work, a.nmt_checkpoint, a.rounds)
         if "memory" in only:
             result["memory"] = bench_memory(work, a.memory_steps)
+        if "ddp" in only:
+            result["ddp"] = bench_ddp(work, a.ddp_steps)
     text = table(result)
     print(text)
     print(json.dumps(result, indent=1, default=str), file=sys.stderr)

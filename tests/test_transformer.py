@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_cli.decode import beam_search, greedy_search
+from transformer_cli.decode import beam_search, greedy_search, reference_beam_search
 from transformer_cli.models.layers import sinusoidal_positions
 from transformer_cli.models.transformer import Transformer, smoothed_cross_entropy
 
@@ -113,6 +113,28 @@ def test_beam_search_is_batch_invariant_and_sorted():
         assert [h.tokens for h in alone] == [h.tokens for h in together[i]]
         scores = [h.score for h in together[i]]
         assert scores == sorted(scores, reverse=True)
+
+
+@pytest.mark.parametrize("lenpen", [0.6, 1.0, 1.4])
+def test_fast_beam_search_equals_plain_reference(lenpen):
+    """Cache, batching, grouped cross-attention, finished-sentence removal and the single top-k change
+    no result: every n-best list equals the plain one-sentence, no-cache search (fp32)."""
+    model = tiny()
+    with torch.no_grad():  # make EOS likely enough that hypotheses finish at many different steps
+        model.out_proj.weight[EOS] *= 4
+    src = random_src(7, 9, seed=12)
+    for i, length in enumerate([9, 3, 6, 1, 8, 5, 2]):
+        src[i, length:] = PAD
+    fast = beam_search(model, src, BOS, EOS, beam=4, lenpen=lenpen, nbest=4, max_len_a=1.0, max_len_b=4)
+    lengths = set()
+    for i in range(src.size(0)):
+        row = src[i : i + 1, : int(src[i].ne(PAD).sum())]
+        plain = reference_beam_search(model, row, BOS, EOS, beam=4, lenpen=lenpen, nbest=4, max_len_a=1.0,
+                                      max_len_b=4)
+        assert [h.tokens for h in fast[i]] == [h.tokens for h in plain]
+        assert [h.score for h in fast[i]] == pytest.approx([h.score for h in plain], abs=1e-5)
+        lengths.update(len(h.tokens) for h in plain)
+    assert len(lengths) >= 4  # hypotheses ended at several lengths, not only at the limit
 
 
 def test_beam_scores_are_length_normalised_log_probs():

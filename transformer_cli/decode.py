@@ -82,15 +82,15 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam:
     for t in range(T):
         b = active.numel()
         logits = model.decode_step(tokens[:, t : t + 1], state)  # (b*K, V)
-        V = logits.size(-1)
-        lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32).view(b, K, V)
         at_limit = t + 1 >= limits[active]  # (b,): only EOS may follow
-        if bool(at_limit.any()):
-            lprobs[at_limit] = lprobs[at_limit].masked_fill(torch.arange(V, device=device) != eos_id, float("-inf"))
-        # One top-k over beam x vocabulary. 2K candidates always hold K that do not end in EOS.
-        top_scores, top_idx = lprobs.add_(scores[:, :, None]).view(b, K * V).topk(2 * K, dim=1)  # (b, 2K)
-        rows = torch.arange(b, device=device)[:, None] * K + top_idx // V  # (b, 2K) hypothesis rows
-        top_tok = top_idx % V
+        cand_lprobs, cand_tok = _row_candidates(logits, 2 * K, at_limit.repeat_interleave(K), eos_id)  # (b*K, C)
+        C = cand_tok.size(1)
+        # One top-k over beam x vocabulary: the best 2K of all (beam, token) pairs are among the rows'
+        # best 2K. 2K candidates always hold K that do not end in EOS.
+        totals = cand_lprobs.view(b, K, C) + scores[:, :, None]  # (b, K, C)
+        top_scores, top_idx = totals.view(b, K * C).topk(2 * K, dim=1)  # (b, 2K)
+        rows = torch.arange(b, device=device)[:, None] * K + top_idx // C  # (b, 2K) hypothesis rows
+        top_tok = cand_tok.view(b, K * C).gather(1, top_idx)
         is_eos = top_tok.eq(eos_id)
 
         # EOS candidates ranked within the top K finish; each sentence keeps its K best finished ones.
@@ -130,6 +130,71 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam:
                                        float(fin_scores[i, j])))
         results.append(hyps)
     return results
+
+
+@torch.inference_mode()
+def reference_beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam: int = 5,
+                          lenpen: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
+                          nbest: int = 1) -> list[Hypothesis]:
+    """The search `beam_search` performs, written plainly for one sentence src (1, S): a Python list of
+    hypotheses, the decoder re-run over each whole prefix at every step (no cache, no batching).
+
+    It defines the result the fast path must reproduce (tests and scripts/verify_beam_search.py).
+    """
+    memory, src_pad = model.encode(src)
+    limit = int(max_lengths(src, model.pad_id, max_len_a, max_len_b, model.positions.size(0) - 1)[0])
+    alive = [[bos_id]]  # token lists, each starting with BOS
+    alive_scores = torch.zeros(1)  # sums of log-probabilities (fp32)
+    finished: list[tuple[Tensor, list[int]]] = []  # (score / length**lenpen, tokens)
+    for t in range(limit):
+        prefixes = torch.tensor(alive, device=src.device)  # (n, t+1)
+        n = prefixes.size(0)
+        hidden = model.decode(prefixes, memory.expand(n, -1, -1), src_pad.expand(n, -1))
+        lprobs = F.log_softmax(model.out_proj(hidden[:, -1]), dim=-1, dtype=torch.float32)  # (n, V)
+        V = lprobs.size(1)
+        if t + 1 >= limit:  # the length budget is spent: only EOS may follow
+            lprobs[:, torch.arange(V) != eos_id] = float("-inf")
+        candidates = (lprobs + alive_scores[:, None].to(lprobs.device)).view(-1)
+        top_scores, top_idx = candidates.topk(2 * beam)
+        next_alive, next_scores = [], []
+        for rank, (score, idx) in enumerate(zip(top_scores, top_idx.tolist())):
+            row, token = divmod(idx, V)
+            tokens = alive[row] + [token]
+            if token == eos_id:
+                if rank < beam and bool(score.isfinite()):
+                    finished.append((score / (t + 1) ** lenpen, tokens))
+            elif len(next_alive) < beam:
+                next_alive.append(tokens)
+                next_scores.append(score)
+        finished = sorted(finished, key=lambda f: float(f[0]), reverse=True)[:beam]
+        if len(finished) == beam:
+            break
+        alive, alive_scores = next_alive, torch.stack(next_scores).cpu()
+    return [Hypothesis(_strip(tokens[1:], eos_id, model.pad_id), float(score)) for score, tokens in finished[:nbest]]
+
+
+def _row_candidates(logits: Tensor, n: int, at_limit: Tensor, eos_id: int,
+                    chunk_rows: int = 128) -> tuple[Tensor, Tensor]:
+    """The n best next tokens of each hypothesis row and their log-probabilities (fp32), (N, n) each.
+
+    log_softmax runs a chunk of rows at a time, so its fp32 (chunk, V) output stays in cache instead of
+    a vocabulary-sized fp32 tensor for the whole batch. Rows at their length limit get EOS alone.
+    """
+    N, V = logits.shape
+    n = min(n, V)
+    values = torch.empty(N, n, dtype=torch.float32, device=logits.device)
+    tokens = torch.empty(N, n, dtype=torch.long, device=logits.device)
+    eos_lprob = torch.empty(N, dtype=torch.float32, device=logits.device)
+    for start in range(0, N, chunk_rows):
+        lprobs = F.log_softmax(logits[start : start + chunk_rows], dim=-1, dtype=torch.float32)  # (chunk, V)
+        top = lprobs.topk(n, dim=1)
+        values[start : start + chunk_rows], tokens[start : start + chunk_rows] = top.values, top.indices
+        eos_lprob[start : start + chunk_rows] = lprobs[:, eos_id]
+    if bool(at_limit.any()):
+        values[at_limit] = float("-inf")
+        values[at_limit, 0] = eos_lprob[at_limit]
+        tokens[at_limit, 0] = eos_id
+    return values, tokens
 
 
 @dataclass

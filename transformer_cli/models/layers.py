@@ -61,39 +61,43 @@ class Dropout(nn.Dropout):
 class KVCache:
     """Keys and values of the positions decoded so far, for one self-attention layer.
 
-    Allocated on the first append, in the dtype of the projected keys (bf16 under autocast), for
-    `max_len` positions, so that a decoding step writes one slot instead of concatenating.
+    One contiguous (N, H, C, d_k) buffer each, in the dtype of the projected keys (bf16 under
+    autocast), whose capacity C grows `grow` positions at a time; slots from `length` on are zero
+    and masked out. A decoding step writes one slot; attention reads the whole buffer, because the
+    batched matmul takes a contiguous buffer as it is but copies a (N, H, length, d_k) view of one
+    at every step; reordering the hypotheses (beam search) is one index_select.
     """
 
-    def __init__(self, max_len: int):
-        self.max_len = max_len
+    def __init__(self, max_len: int, grow: int = 8):
+        self.max_len, self.grow = max_len, grow
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self.length = 0
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store (N, H, T, d_k) keys/values after the cached ones; return all of them."""
-        if self.k is None:
-            N, H, _, d_k = k.shape
-            self.k, self.v = k.new_empty(N, H, self.max_len, d_k), v.new_empty(N, H, self.max_len, d_k)
-        end = self.length + k.size(2)
+        """Store (N, H, T, d_k) keys/values after the cached ones; return the buffers, (N, H, C, d_k)."""
+        N, H, T, d_k = k.shape
+        end = self.length + T
+        if self.k is None or end > self.k.size(2):
+            capacity = max(end, min(self.max_len, -(-end // self.grow) * self.grow))
+            grown_k, grown_v = k.new_zeros(N, H, capacity, d_k), v.new_zeros(N, H, capacity, d_k)
+            if self.k is not None:
+                grown_k[:, :, : self.length] = self.k[:, :, : self.length]
+                grown_v[:, :, : self.length] = self.v[:, :, : self.length]
+            self.k, self.v = grown_k, grown_v
         self.k[:, :, self.length : end] = k
         self.v[:, :, self.length : end] = v
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        return self.k, self.v
+
+    def empty_slots(self) -> Tensor:
+        """(1, C) bool, True at the buffer positions not filled yet: a key padding mask."""
+        return (torch.arange(self.k.size(2), device=self.k.device) >= self.length)[None]
 
     def select(self, index: Tensor) -> None:
-        """Keep rows `index` (beam reordering, finished sentences dropped); copies only the filled prefix."""
-        if self.k is None:
-            return
-        L = self.length
-        if index.numel() == self.k.size(0):  # same number of rows: reorder in place
-            self.k[:, :, :L] = self.k[index, :, :L]
-            self.v[:, :, :L] = self.v[index, :, :L]
-            return
-        k, v = self.k.new_empty(index.numel(), *self.k.shape[1:]), self.v.new_empty(index.numel(), *self.v.shape[1:])
-        k[:, :, :L], v[:, :, :L] = self.k[index, :, :L], self.v[index, :, :L]
-        self.k, self.v = k, v
+        """Keep rows `index` (beam reordering, finished sentences dropped)."""
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
 
 
 class MultiHeadAttention(nn.Module):
@@ -119,11 +123,20 @@ class MultiHeadAttention(nn.Module):
         x = x.view(B, T, n, self.heads, self.d_k).permute(2, 0, 3, 1, 4)  # (n, B, H, T, d_k)
         return x.unbind(0)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None, causal: bool) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None, causal: bool,
+                step: bool = False) -> Tensor:
         # SDPA takes a bool mask with True = "may attend": (B, 1, 1, S) broadcasts over heads and queries.
         mask = None if pad_mask is None else ~pad_mask[:, None, None, :]
-        p = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        if step:
+            # A decoding step: the formula written out, the 1/sqrt(d_k) scale applied to the few new
+            # queries. (SDPA's CPU math kernel rescales and copies every cached key at every step.)
+            scores = torch.matmul(q * self.d_k**-0.5, k.transpose(-2, -1))  # (B, H, T, S)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            out = torch.matmul(scores.softmax(-1), v)  # (B, H, T, d_k)
+        else:
+            p = self.dropout if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
         B, H, T, d_k = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * d_k)  # (B, T, d)
         return self.out_proj(out)
@@ -134,7 +147,10 @@ class MultiHeadAttention(nn.Module):
         """Self-attention over x (B, T, d). With a cache, x holds only the new positions."""
         q, k, v = self._split_heads(self.qkv_proj(x), 3)  # each (B, H, T, d_k)
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, H, t + T, d_k): earlier positions are all visible
+            k, v = cache.append(k, v)  # (B, H, C, d_k): positions < cache.length filled, all visible
+            if q.size(2) == 1:  # a decoding step
+                return self._attend(q, k, v, cache.empty_slots(), causal=False, step=True)
+            k, v = k[:, :, : cache.length], v[:, :, : cache.length]  # (B, H, t + T, d_k)
             causal = causal and q.size(2) > 1
         return self._attend(q, k, v, pad_mask, causal)
 
@@ -143,7 +159,8 @@ class MultiHeadAttention(nn.Module):
         k, v = self._split_heads(self.kv_proj(memory), 2)
         return k, v
 
-    def cross_forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], pad_mask: Tensor) -> Tensor:
+    def cross_forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], pad_mask: Tensor,
+                      step: bool = False) -> Tensor:
         """Cross-attention of x (N, T, d) over the keys/values of B = N / r sentences.
 
         In beam search N = B * beams: the r rows of a sentence become r * T queries against that
@@ -154,7 +171,7 @@ class MultiHeadAttention(nn.Module):
         B = k.size(0)
         x = x.reshape(B, (N // B) * T, d)  # (B, r*T, d)
         (q,) = self._split_heads(self.q_proj(x), 1)  # (B, H, r*T, d_k)
-        return self._attend(q, k, v, pad_mask, causal=False).reshape(N, T, d)
+        return self._attend(q, k, v, pad_mask, causal=False, step=step).reshape(N, T, d)
 
 
 class FeedForward(nn.Module):
@@ -219,7 +236,8 @@ class DecoderBlock(nn.Module):
         # Target padding sits after the real tokens, so the causal mask alone keeps real positions
         # from seeing it; no separate target padding mask is needed.
         y = self.self_sub(y, lambda h: self.self_attn(h, causal=True, cache=cache))
-        y = self.cross_sub(y, lambda h: self.cross_attn.cross_forward(h, memory_kv, src_pad_mask))
+        step = cache is not None and y.size(1) == 1
+        y = self.cross_sub(y, lambda h: self.cross_attn.cross_forward(h, memory_kv, src_pad_mask, step))
         return self.ffn_sub(y, self.ffn)
 
 
