@@ -29,7 +29,7 @@ class DecoderState:
 
     memory_kv: list[tuple[Tensor, Tensor]]  # per layer, (B, H, S, d_k): once per sentence
     src_pad_mask: Tensor  # (B, S)
-    caches: list[KVCache]  # per layer, (B * r, H, t, d_k)
+    caches: list[KVCache]  # per layer, (B * r, H, C >= t, d_k)
     step: int = 0
 
     def select_rows(self, index: Tensor) -> None:

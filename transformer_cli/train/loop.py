@@ -27,7 +27,7 @@ from transformer_cli.errors import UserError
 from transformer_cli.train.checkpoint import load_checkpoint, serialize, write_atomic
 from transformer_cli.train.metrics import MetricsLog
 from transformer_cli.train.optim import build_optimizer, build_scheduler
-from transformer_cli.train.runtime import Runtime
+from transformer_cli.train.runtime import Runtime, release_free_memory
 
 
 class Task(Protocol):
@@ -285,6 +285,8 @@ class Trainer:
     def _evaluate_and_save(self, step_file: bool, evaluate: bool) -> None:
         improved = self._evaluate() if evaluate else False
         self._save(best=improved, step_file=step_file)
+        if self.runtime.device.type == "cpu":
+            release_free_memory()
 
     def _evaluate(self) -> bool:
         """Rank 0 evaluates (the numbers of a single process); every rank learns the outcome."""
