@@ -104,14 +104,19 @@ def train_flops_per_token(kind: str) -> float:
     return counter.get_total_flops() / ids.numel()
 
 
+def nmt_train_args(steps: int, log_every: int = 25, eval_every: int = 100000) -> list[str]:
+    """`train` arguments of the translation benchmark: Multi30k at the benchmark size, no test split."""
+    return ["train", "--config", "configs/multi30k_en_de.yaml", "--quiet",
+            "--set", f"data.dir={SHARED / 'data' / 'multi30k'}", "--set", f"train.max_steps={steps}",
+            "--set", f"train.log_every={log_every}", "--set", f"train.eval_every={eval_every}",
+            "--set", "data.test=null", *overrides(NMT_SIZE)]
+
+
 def bench_nmt(work: Path, rounds: int, steps: int) -> dict:
-    data = SHARED / "data" / "multi30k"
     ours, theirs = [], []
     for r in range(rounds):
         out = work / f"nmt{r}"
-        run(tcli("train", "--config", "configs/multi30k_en_de.yaml", "--out", str(out), "--quiet",
-                 "--set", f"data.dir={data}", "--set", f"train.max_steps={steps}", "--set", "train.log_every=25",
-                 "--set", "train.eval_every=100000", "--set", "data.test=null", *overrides(NMT_SIZE)))
+        run(tcli(*nmt_train_args(steps), "--out", str(out)))
         ours.append(steady(out, "tgt_tokens_per_sec"))
         theirs.append(peer("peer_hf_nmt.py", "--dtype", "bf16")["tgt_tokens_per_sec"])
     return {"ours": statistics.median(ours), "peer": statistics.median(theirs), "ours_all": ours, "peer_all": theirs}
@@ -151,10 +156,7 @@ def bench_memory(work: Path, steps: int) -> dict:
     """Resident memory of a translation run as a user runs it (evaluation and checkpoints every 250
     updates), logged with each train event."""
     out = work / "memory"
-    run(tcli("train", "--config", "configs/multi30k_en_de.yaml", "--out", str(out), "--quiet",
-             "--set", f"data.dir={SHARED / 'data' / 'multi30k'}", "--set", f"train.max_steps={steps}",
-             "--set", "train.log_every=50", "--set", "train.eval_every=250", "--set", "data.test=null",
-             *overrides(NMT_SIZE)))
+    run(tcli(*nmt_train_args(steps, log_every=50, eval_every=250), "--out", str(out)))
     rss = [(e["step"], e["rss_mb"]) for e in events(out, "train")]
     warm = [m for s, m in rss if s >= steps // 2]  # the first half is warm-up: shapes and allocator settle
     return {"after_warmup_mb": warm[0], "end_mb": warm[-1], "max_mb": max(warm), "samples": rss}
@@ -164,10 +166,7 @@ def bench_ddp(work: Path, steps: int) -> dict:
     """Translation training under torchrun: 2 processes of 1 thread each against 1 process of 1 thread
     (scaling efficiency = 2-process throughput / twice the 1-process one) and 1 process of all threads.
     The global batch (train.max_tokens) is the same in all three."""
-    args = ["train", "--config", "configs/multi30k_en_de.yaml", "--quiet",
-            "--set", f"data.dir={SHARED / 'data' / 'multi30k'}", "--set", f"train.max_steps={steps}",
-            "--set", "train.log_every=25", "--set", "train.eval_every=100000", "--set", "data.test=null",
-            *overrides(NMT_SIZE)]
+    args = nmt_train_args(steps)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 "-m", "transformer_cli"]
     setups = {"1 process, 1 thread": (tcli(*args), {"OMP_NUM_THREADS": "1"}),
