@@ -5,6 +5,7 @@ Heavy imports (torch) happen inside the commands so that `tcli --help` is instan
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 from pathlib import Path
@@ -29,22 +30,58 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar o
 
 
 def user_errors(fn):
-    """A user's mistake (UserError) prints one line and exits with code 2; never a traceback."""
+    """The one place where exceptions meet the user.
+
+    A user's mistake (UserError), a full disk or an allocation the machine cannot hold prints one line
+    and exits with code 2; Ctrl-C exits with 130. Anything else is a bug in tcli: its traceback is shown,
+    with a request to report it, and the exit code is 1.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from transformer_cli.errors import UserError
+        from transformer_cli.errors import UserError, one_line
 
         try:
             return fn(*args, **kwargs)
         except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {one_line(str(e))}", file=sys.stderr)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise typer.Exit(130) from None
+        except BrokenPipeError:  # `tcli translate ... | head`: the reader left; nothing to report
+            sys.stderr.close()
+            raise typer.Exit(141) from None
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                _report_bug()
+                raise
+            where = f" ({e.filename})" if e.filename else ""
+            print(f"error: no space left on the device{where}; free some space and run the command again",
+                  file=sys.stderr)
+            raise typer.Exit(2) from None
+        except (MemoryError, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and not _out_of_memory(e):
+                _report_bug()
+                raise
+            print("error: out of memory: the model or batch does not fit on this machine; use a smaller "
+                  "model, train.max_tokens / train.batch_size, or another device", file=sys.stderr)
+            raise typer.Exit(2) from None
+        except Exception:
+            _report_bug()
+            raise
 
     return wrapper
+
+
+def _out_of_memory(e: RuntimeError) -> bool:
+    text = str(e)
+    return "can't allocate memory" in text or "out of memory" in text.lower()
+
+
+def _report_bug() -> None:
+    print("tcli hit an internal error (a bug, not a mistake of yours): please report it with the command and "
+          "the traceback below", file=sys.stderr)
 
 
 def _resume_flag(resume: str | None) -> bool:

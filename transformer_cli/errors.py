@@ -1,7 +1,21 @@
 """The one exception type for a user's mistake: the CLI prints it on one line and exits with code 2."""
 
+from __future__ import annotations
+
 
 class UserError(Exception):
     """A problem the user can fix (bad config, bad data, missing file). Shown without a traceback."""
 
     exit_code = 2
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """A message on one line, cut to `limit` characters: a hostile input never floods the terminal."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def quote(value: object, limit: int = 100) -> str:
+    """repr(value) cut to about `limit` characters, for quoting user input in an error."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from transformer_cli.config import BertModelConfig, BertRunConfig
+from transformer_cli.checkpoint import read_checkpoint
+from transformer_cli.config import BertModelConfig
 from transformer_cli.errors import UserError
-from transformer_cli.train.checkpoint import load_checkpoint
 from transformer_cli.vocab import Vocab
 
 _LAYER = "bert.encoder.layer.{i}."
@@ -101,11 +101,11 @@ def export_hf(checkpoint: Path, out_dir: Path) -> Path:
     """Write config.json, model.safetensors, spiece.model and vocab.txt for a BERT checkpoint."""
     from safetensors.torch import save_file
 
-    state = load_checkpoint(checkpoint, kind="bert")
-    cfg = BertRunConfig.model_validate(state["config"])
-    vocab = Vocab(state["vocab"]["bert"])
+    ckpt = read_checkpoint(checkpoint, kind="bert")
+    cfg, (vocab,) = ckpt.cfg, ckpt.vocabs
+    model = ckpt.build_model()  # validates every tensor's name, shape and finiteness
     out_dir.mkdir(parents=True, exist_ok=True)
-    weights = to_hf_state_dict(state["model"], cfg.model.layers)
+    weights = to_hf_state_dict(model.state_dict(), cfg.model.layers)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(hf_config(cfg.model, len(vocab)), indent=2) + "\n")
     vocab.save(out_dir / "spiece.model")

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from transformer_cli.checkpoint import SCHEMAS, read_checkpoint
 from transformer_cli.config import (
     BertModelConfig,
     BertRunConfig,
@@ -31,13 +32,8 @@ from transformer_cli.config import (
 )
 from transformer_cli.errors import UserError
 from transformer_cli.models.builders import build_bert, build_transformer
-from transformer_cli.train.checkpoint import load_checkpoint
 
 MB = 2**20  # bytes per MB in every size this module reports
-SCHEMAS: dict[str, type[BertRunConfig] | type[TranslationRunConfig]] = {
-    "bert": BertRunConfig,
-    "translation": TranslationRunConfig,
-}
 
 # Presets only fix numbers; everything else keeps the config defaults.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -342,15 +338,8 @@ def _rows(weights: dict[str, Any], name: str, path: Path) -> int:
 
 def count_checkpoint(path: Path) -> dict[str, Any]:
     """The stored element count of a checkpoint, beside the count of the model its config builds."""
-    state = load_checkpoint(path)
-    meta = state["tcli"] if isinstance(state["tcli"], dict) else {}
-    kind = meta.get("kind")
-    if kind not in SCHEMAS:
-        raise UserError(f"{path}: unknown model kind {kind!r}; valid kinds: {', '.join(SCHEMAS)}")
-    if not isinstance(state.get("config"), dict) or not isinstance(state["model"], dict):
-        raise UserError(f"{path} holds no run config or weights; pass a file from <run>/checkpoints/")
-    cfg = build_config(SCHEMAS[kind], state["config"], str(path))
-    weights = state["model"]
+    ckpt = read_checkpoint(path, vocab=False)
+    kind, cfg, weights = ckpt.kind, ckpt.cfg, ckpt.weights
     src, tgt = ("embeddings.token.weight",) * 2 if kind == "bert" else ("src_embed.weight", "tgt_embed.weight")
     report = count_config(cfg, _rows(weights, src, path), _rows(weights, tgt, path), f"checkpoint {path}")
     report["stored_total"] = stored_count(weights)

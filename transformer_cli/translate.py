@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -11,14 +12,11 @@ from typing import TextIO
 
 import torch
 
-from transformer_cli.config import TranslationRunConfig
+from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.datasets.text import decode_utf8, read_lines
 from transformer_cli.decode import DecodeOptions, decode_corpus
 from transformer_cli.errors import UserError
-from transformer_cli.models.builders import build_transformer
 from transformer_cli.models.transformer import Transformer
-from transformer_cli.tasks.translation import vocab_from_checkpoint
-from transformer_cli.train.checkpoint import load_checkpoint
 from transformer_cli.train.runtime import Runtime
 from transformer_cli.vocab import BOS_ID, EOS_ID, Vocab
 
@@ -32,21 +30,33 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "auto") -> Translator:
-        state = load_checkpoint(path, kind="translation")
-        cfg = TranslationRunConfig.model_validate(state["config"])
-        src_vocab, tgt_vocab = vocab_from_checkpoint(state)
-        model = build_transformer(cfg.model, len(src_vocab), len(tgt_vocab))
-        model.load_state_dict(state["model"])
+        ckpt = read_checkpoint(path, kind="translation")
+        model = ckpt.build_model()
+        src_vocab, tgt_vocab = ckpt.vocabs
         runtime = Runtime.create(device, precision)
         # Inference needs no fp32 master weights: in bf16/fp16 the weights (and the positions table) are
         # converted once, so no activation or cache is cast back and forth at every decoding step.
         dtype = runtime.autocast_dtype or torch.float32
         return cls(model.to(runtime.device, dtype).eval(), src_vocab, tgt_vocab, runtime)
 
-    def translate(self, lines: list[str], opts: DecodeOptions) -> list[list[tuple[str, float]]]:
-        """n-best (text, score) lists in input order; an empty line gets an empty hypothesis."""
+    @property
+    def max_source_pieces(self) -> int:
+        """The longest source (in pieces, EOS excluded) the positions table covers."""
+        return self.model.positions.size(0) - 2
+
+    def translate(self, lines: list[str], opts: DecodeOptions, warn=None) -> list[list[tuple[str, float]]]:
+        """n-best (text, score) lists in input order; an empty line gets an empty hypothesis.
+
+        A line longer than the model's positions is cut to what they cover, and `warn(message)` is told
+        (with the line number) so that it never happens silently.
+        """
         nonempty = [i for i, line in enumerate(lines) if line.strip()]
         sources = self.src_vocab.encode([lines[i] for i in nonempty])
+        limit = self.max_source_pieces
+        for i, ids in zip(nonempty, sources):
+            if len(ids) > limit and warn is not None:
+                warn(f"warning: line {i + 1}: {len(ids)} source pieces, more than the {limit} this model's "
+                     f"positions cover (model.max_positions); only the first {limit} are translated")
         with torch.inference_mode():
             hyps = decode_corpus(self.model, sources, opts, BOS_ID, EOS_ID, self.runtime.device, self.runtime.context)
         out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
@@ -67,20 +77,22 @@ def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None
                   reference: Path | None = None, device: str = "auto", precision: str = "auto", quiet: bool = False,
                   stats_json: Path | None = None) -> dict:
     """Translate, write the output, print scores against a reference and speed statistics (stderr)."""
+    for option, path in (("--output", output), ("--stats-json", stats_json)):
+        check_writable(path, option)
     translator = Translator.from_checkpoint(checkpoint, device, precision)
     lines = _read_input(input_path, sys.stdin)
     refs = read_lines(reference) if reference is not None else None
     if refs is not None and len(refs) != len(lines):
         raise UserError(f"--reference {reference} has {len(refs)} lines but the input has {len(lines)}")
     start = time.perf_counter()
-    results = translator.translate(lines, opts)
+    results = translator.translate(lines, opts, warn=lambda message: print(message, file=sys.stderr))
     seconds = time.perf_counter() - start
     text = "".join(_format(i, nbest, opts.nbest) for i, nbest in enumerate(results))
     if output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        output.write_text(text, encoding="utf-8")
+        _write_text(output, text, "--output")
     stats = {"sentences": len(lines), "tokens": translator.decoded_tokens, "seconds": round(seconds, 3),
              "sentences_per_sec": round(len(lines) / seconds, 2) if seconds else 0.0,
              "tokens_per_sec": round(translator.decoded_tokens / seconds, 1) if seconds else 0.0,
@@ -96,8 +108,28 @@ def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None
               f"{stats['sentences_per_sec']:.1f} sentences/s, {stats['tokens_per_sec']:.0f} tokens/s "
               f"(beam {opts.beam}, {stats['device']}, {stats['precision']})", file=sys.stderr)
     if stats_json is not None:
-        stats_json.write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+        _write_text(stats_json, json.dumps(stats, indent=1) + "\n", "--stats-json")
     return stats
+
+
+def check_writable(path: Path | None, option: str) -> None:
+    """Fail before any work when an output file cannot be written (no such folder, a directory, read-only)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UserError(f"{option} {path} is a directory; give a file name")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"{option} {path} is not writable")
+
+
+def _write_text(path: Path, text: str, option: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"{option} {path}: cannot write: {e.strerror or e}") from None
 
 
 def _format(index: int, nbest: list[tuple[str, float]], n: int) -> str:

@@ -1,0 +1,210 @@
+"""Checkpoints: one self-describing file, written atomically, read and validated in one place.
+
+Every command that reads a checkpoint (translate, evaluate, export-hf, count-params, a resume, ...) goes
+through `read_checkpoint`, so a damaged, foreign or hostile file is the same one-line error everywhere:
+the file is loaded with `weights_only=True` (it cannot run code), then its metadata, config, vocabulary
+and weights are checked before any model is built. Nothing here imports the training modules.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config
+from transformer_cli.errors import UserError
+from transformer_cli.vocab import Vocab
+
+SCHEMAS: dict[str, type[TranslationRunConfig] | type[BertRunConfig]] = {
+    "translation": TranslationRunConfig,
+    "bert": BertRunConfig,
+}
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in every tcli BERT vocabulary
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def serialize(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def write_atomic(data: bytes, path: Path) -> None:
+    """Temporary file, fsync, rename: a kill at any moment leaves the old file or the new one, never half.
+
+    A failed write (a full disk) removes its temporary file, leaves the old file as it was, and is a
+    one-line error that says what to do.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(e, path) from None
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_error(e: OSError, path: Path) -> UserError:
+    """A failed write as one line; a full disk says that nothing saved before was lost."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UserError(f"no space left on the device while writing {path}; files saved before are intact: "
+                         "free some space and run the command again (a training run: add --resume auto)")
+    return UserError(f"cannot write {path}: {e.strerror or e}")
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete `.NAME.tmpPID` files that a killed writer left behind; only call this while holding the
+    folder's lock (no live writer can own them)."""
+    removed = []
+    if folder.is_dir():
+        for tmp in folder.glob(".*.tmp*"):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Checkpoint:
+    """A validated checkpoint: its kind, resolved run config, vocabularies and the raw state."""
+
+    path: Path
+    kind: str  # "translation" | "bert"
+    cfg: Any  # TranslationRunConfig | BertRunConfig
+    vocabs: tuple[Vocab, ...]  # translation: (source, target), the same object when joint; BERT: (vocab,)
+    state: dict[str, Any]
+
+    @property
+    def weights(self) -> dict[str, torch.Tensor]:
+        return self.state["model"]
+
+    def build_model(self) -> nn.Module:
+        """The model of this checkpoint with its weights, after checking every tensor's name and shape
+        against the config (on the meta device: no memory) and that every weight is finite."""
+        from transformer_cli.models.builders import build_bert, build_transformer
+
+        def build() -> nn.Module:
+            if self.kind == "bert":
+                return build_bert(self.cfg.model, len(self.vocabs[0]))
+            return build_transformer(self.cfg.model, len(self.vocabs[0]), len(self.vocabs[1]))
+
+        try:
+            with torch.device("meta"):
+                expected = build().state_dict()
+        except ValueError as e:
+            raise UserError(f"{self.path}: its config does not describe a valid model: {e}") from None
+        check_weights(self.weights, expected, str(self.path))
+        model = build()
+        model.load_state_dict(self.weights)
+        return model
+
+
+def check_weights(weights: dict[str, Any], expected: dict[str, torch.Tensor], source: str) -> None:
+    """Names, shapes and finiteness of `weights` against a model's (meta) state dict; one-line errors."""
+    missing = [k for k in expected if k not in weights]
+    if missing:
+        raise UserError(f"{source}: the weights lack {missing[0]}" + (f" (and {len(missing) - 1} more)"
+                        if len(missing) > 1 else "") + "; the file does not match its own config")
+    extra = [k for k in weights if k not in expected]
+    if extra:
+        raise UserError(f"{source}: unexpected tensor {extra[0]!r} in the weights; the file does not match "
+                        "its own config")
+    for name, ref in expected.items():
+        t = weights[name]
+        if not isinstance(t, torch.Tensor):
+            raise UserError(f"{source}: {name} is a {type(t).__name__}, not a tensor")
+        if tuple(t.shape) != tuple(ref.shape):
+            raise UserError(f"{source}: {name} has shape {tuple(t.shape)} but the config needs {tuple(ref.shape)}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise UserError(f"{source}: {name} holds NaN or infinite values; the model diverged before this "
+                            "checkpoint was written (use an earlier one)")
+
+
+def read_checkpoint(path: str | Path, kind: str | None = None, vocab: bool = True) -> Checkpoint:
+    """Load and validate a tcli checkpoint; `kind` ("translation" or "bert") refuses the other kind.
+    `vocab=False` skips the vocabularies (counting parameters needs none; `vocabs` is then empty).
+
+    Every problem is a one-line UserError naming the file: not found, not a torch file, not a tcli
+    checkpoint, an invalid config, a vocabulary sentencepiece cannot read, weights that are not tensors.
+    """
+    path = Path(path)
+    state = _load(path)
+    meta = state.get("tcli")
+    if not isinstance(meta, dict) or not isinstance(state.get("model"), dict):
+        raise UserError(f"{path} is not a tcli checkpoint (no tcli metadata); pass a file from <run>/checkpoints/")
+    found = meta.get("kind")
+    if found not in SCHEMAS:
+        raise UserError(f"{path}: unknown model kind {str(found)[:40]!r}; valid kinds: {', '.join(SCHEMAS)}")
+    if kind is not None and found != kind:
+        raise UserError(f"{path} holds a {found} model, not a {kind} model")
+    if not isinstance(state.get("config"), dict):
+        raise UserError(f"{path} holds no run config; pass a file from <run>/checkpoints/")
+    cfg = build_config(SCHEMAS[found], state["config"], f"the config stored in {path}")
+    vocabs = _vocabs(state.get("vocab"), found, cfg, path) if vocab else ()
+    if not all(isinstance(k, str) for k in state["model"]):
+        raise UserError(f"{path}: the weights are not a state dict of named tensors")
+    return Checkpoint(path, found, cfg, vocabs, state)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise UserError(f"checkpoint not found: {path}")
+    if not path.is_file():
+        raise UserError(f"{path} is not a file; pass a .pt file from <run>/checkpoints/")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a damaged, truncated or foreign file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path} is not a readable tcli checkpoint ({first[:160]})") from None
+    if not isinstance(state, dict):
+        raise UserError(f"{path} is not a tcli checkpoint (it holds a {type(state).__name__}, not a dict)")
+    return state
+
+
+def _vocabs(vocab: Any, kind: str, cfg: Any, path: Path) -> tuple[Vocab, ...]:
+    names = ("bert",) if kind == "bert" else (("joint",) if cfg.vocab.joint else ("src", "tgt"))
+    if not isinstance(vocab, dict) or set(vocab) != set(names):
+        raise UserError(f"{path}: the stored vocabulary should hold {', '.join(names)}; the file is damaged")
+    loaded = []
+    for name in names:
+        data = vocab[name]
+        if not isinstance(data, bytes | bytearray) or not data:
+            raise UserError(f"{path}: the {name} vocabulary is not sentencepiece model bytes")
+        try:
+            loaded.append(Vocab(data))
+        except Exception:  # sentencepiece raises RuntimeError, or worse, for bytes it cannot parse
+            raise UserError(f"{path}: the {name} vocabulary is not a valid sentencepiece model") from None
+    if kind == "bert":
+        check_bert_vocab(loaded[0], str(path))
+        return (loaded[0],)
+    return (loaded[0], loaded[0]) if cfg.vocab.joint else (loaded[0], loaded[1])
+
+
+def check_bert_vocab(vocab: Vocab, source: str) -> None:
+    ids = [vocab.piece_to_id(p) for p in BERT_SPECIALS]
+    if ids != list(range(len(BERT_SPECIALS))):
+        raise UserError(f"{source}: the vocabulary does not hold {', '.join(BERT_SPECIALS)} at ids 0-4; "
+                        "it is not a BERT vocabulary")
