@@ -29,19 +29,44 @@ def run_tcli(*args: str, cwd: Path | None = None, input: str | None = None, time
 
 KILLER = """
 import os, signal, sys
-from transformer_cli.train import checkpoint, loop
-KILL_STEP, WHERE = int(sys.argv[1]), sys.argv[2]
-original_step, original_replace = loop.Trainer.train_step, os.replace
+from transformer_cli.train import loop, metrics
+from transformer_cli import checkpoint
+MODE, KILL_STEP = sys.argv[1], int(sys.argv[2])
+die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+original_step, original_replace, original_write = loop.Trainer.train_step, os.replace, loop.write_atomic
+original_log, original_evaluate = metrics.MetricsLog.log, loop.Trainer._evaluate_here
 def train_step(self, *args, **kwargs):
-    if WHERE == "step" and self.state.step == KILL_STEP:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if MODE == "step" and self.state.step == KILL_STEP:
+        die()
     return original_step(self, *args, **kwargs)
 def replace(src, dst):
-    if WHERE == "save" and str(dst).endswith("last.pt") and f"step_{KILL_STEP}.pt" in os.listdir(os.path.dirname(dst)):
-        os.kill(os.getpid(), signal.SIGKILL)  # the temporary file is written, the rename never happens
+    if MODE == "replace" and str(dst).endswith("last.pt") and f"step_{KILL_STEP}.pt" in os.listdir(dst.parent):
+        die()  # the temporary file is written, the rename never happens
     return original_replace(src, dst)
-loop.Trainer.train_step = train_step
+def write_atomic(data, path):
+    if MODE == "write" and path.name.startswith(f"step_{KILL_STEP}"):
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_bytes(data[: len(data) // 2])  # half a checkpoint on disk, then the kill
+        die()
+    return original_write(data, path)
+def log(self, event, step, **values):
+    if MODE == "metrics" and event == "train" and step == KILL_STEP:
+        with open(self.path, "a") as f:
+            f.write('{"event": "train", "step": ')  # a line cut short
+        die()
+    if MODE == "end" and event in ("test", "end"):
+        die()
+    return original_log(self, event, step, **values)
+def evaluate_here(self):
+    if MODE == "eval" and self.state.step == KILL_STEP:
+        die()
+    return original_evaluate(self)
+loop.Trainer.train_step, loop.write_atomic, loop.Trainer._evaluate_here = train_step, write_atomic, evaluate_here
+metrics.MetricsLog.log = log
 checkpoint.os.replace = replace
+if MODE == "test":
+    from transformer_cli.tasks import translation
+    translation.TranslationTask.final_report = lambda *a, **k: die()
 from transformer_cli.cli import main
 sys.argv = ["tcli", *sys.argv[3:]]
 main()
@@ -49,9 +74,12 @@ main()
 
 
 def run_killed(kill_step: int, where: str, *args: str) -> subprocess.CompletedProcess:
-    """Run tcli ARGS and SIGKILL it before update `kill_step + 1` (where="step") or inside the rename
-    of last.pt once step_<kill_step>.pt is written (where="save")."""
-    return subprocess.run([sys.executable, "-c", KILLER, str(kill_step), where, *args], cwd=ROOT,
+    """Run tcli ARGS and SIGKILL it at a chosen point (`where`): "step" before update kill_step + 1;
+    "replace" inside the rename of last.pt once step_<kill_step>.pt is written; "write" with half of
+    step_<kill_step>.pt written to its temporary file; "metrics" halfway through the train event of
+    step kill_step; "eval" at the start of the evaluation at step kill_step; "test" at the start of the
+    final test evaluation (translation); "end" before the test/end events are logged."""
+    return subprocess.run([sys.executable, "-c", KILLER, where, str(kill_step), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -49,7 +49,7 @@ def events(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("where, kill_step", [("step", 7), ("save", 8)])
+@pytest.mark.parametrize("where, kill_step", [("step", 7), ("replace", 8)])
 def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, small_data, where, kill_step):
     config = tiny_config(tmp_path, small_data)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -144,7 +144,7 @@ def test_new_run_refuses_to_overwrite_and_resume_checks_data(tmp_path, small_dat
     assert changed.returncode == 2 and "training data differ" in changed.stderr
     model = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet",
                      "--set", "model.ffn_dim=48")
-    assert model.returncode == 2 and "model: section differs" in model.stderr
+    assert model.returncode == 2 and "model.ffn_dim changed (64 -> 48)" in model.stderr
 
 
 def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:

@@ -117,12 +117,17 @@ def translate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a .pt file written by tcli train")],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="one sentence per line (default stdin)")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default stdout)")] = None,
-    beam: Annotated[int, typer.Option("--beam", min=1, help="beam size; 1 is greedy")] = 5,
-    lenpen: Annotated[float, typer.Option("--lenpen", min=0.0, help="rank by score / length**lenpen")] = 1.0,
-    max_len_a: Annotated[float, typer.Option("--max-len-a", min=0.0, help="max length = a * source + b")] = 1.2,
-    max_len_b: Annotated[int, typer.Option("--max-len-b", min=1, help="see --max-len-a")] = 10,
-    nbest: Annotated[int, typer.Option("--nbest", min=1, help="print n hypotheses per line: index, score, text")] = 1,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=16, help="source tokens per batch")] = 8000,
+    beam: Annotated[int, typer.Option("--beam", min=1, max=256,
+                                      help="beam size; 1 is greedy")] = 5,
+    lenpen: Annotated[float, typer.Option("--lenpen", min=0.0, max=10.0, help="rank by score / length**lenpen")] = 1.0,
+    max_len_a: Annotated[float, typer.Option("--max-len-a", min=0.0, max=1000.0,
+                                             help="max length = a * source + b")] = 1.2,
+    max_len_b: Annotated[int, typer.Option("--max-len-b", min=1, max=1 << 20,
+                                           help="see --max-len-a")] = 10,
+    nbest: Annotated[int, typer.Option("--nbest", min=1, max=256,
+                                       help="print n hypotheses per line: index, score, text")] = 1,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=16, max=1 << 26,
+                                            help="source tokens per batch")] = 8000,
     reference: Annotated[Path | None, typer.Option("--reference", help="print sacreBLEU and chrF against it")] = None,
     device: DeviceOpt = "auto",
     precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "auto",
@@ -186,7 +191,22 @@ def count_params(
 
 
 def main() -> None:
-    app()
+    """Run the app; a usage mistake (unknown option, bad value) is one line and exit code 2, like every
+    other user error, instead of a framed message."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # click's (or typer's own copy of click's) usage errors
+        if not (hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int)):
+            raise
+        message, ctx = " ".join(e.format_message().split()), getattr(e, "ctx", None)
+        if message:  # (no message: the help was shown, for a command given no arguments)
+            where = f"; see {ctx.command_path} --help" if ctx is not None else ""
+            print(f"error: {message}{where}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -8,19 +8,87 @@ the key path and the file. Each component receives only its own section (`cfg.mo
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from transformer_cli.errors import UserError
+from transformer_cli.errors import UserError, quote
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-3` as a string; read it as the float every user means."""
+    """YAML as a config needs it.
+
+    - `1e-3` is the float every user means (YAML 1.1 reads it as a string).
+    - Only true/false are booleans, as in YAML 1.2: `src_lang: no` (Norwegian) stays the string "no"
+      (bool keys still accept yes/no/on/off: the config types parse those strings).
+    - No timestamps: `test: 2016-12-01` names a split, it is not a date.
+    - A key given twice in one mapping is an error naming both lines, not a silent last-one-wins.
+    - Aliases may not expand the document beyond MAX_VALUES values ("billion laughs").
+    """
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, Hashable) and key in seen:
+                raise _DuplicateKey(f"key {str(key)[:100]!r} appears twice (lines {seen[key]} and {line}); "
+                                    "keep one", key_node.start_mark)
+            if isinstance(key, Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        return node
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, problem: str, mark):
+        self.problem, self.problem_mark = problem, mark
+
+    def __str__(self) -> str:
+        return self.problem
+
+
+MAX_VALUES = 100_000  # values a config may expand to through aliases (a real config has a few hundred)
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Count the values the document expands to, an aliased node once per reference (memoised by node)."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a recursive alias counts once instead of looping
+        if isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(child) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        else:
+            total = 1
+        total = min(total, MAX_VALUES + 1)
+        sizes[id(node)] = total
+        return total
+
+    if size(root) > MAX_VALUES:
+        raise _DuplicateKey(f"the document expands to more than {MAX_VALUES:,} values through aliases "
+                            "(&anchor / *alias); a config needs no more", root.start_mark)
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:bool",
+                                                                       "tag:yaml.org,2002:timestamp")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*(?:[eE][-+]?[0-9]+)|\.[0-9_]+(?:[eE][-+]?[0-9]+)?)$"),
@@ -35,13 +103,21 @@ def yaml_load(text: str) -> Any:
 class Section(BaseModel):
     """Base of every config section: frozen, and an unknown key is an error."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinity are never a sensible setting (an infinite adam_eps or weight_decay trains an all-NaN
+    # model); numbers given for a text key (a split named 2016) are read as text.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, coerce_numbers_to_str=True)
 
     def check(self) -> None:
         """Cross-field checks; raise ValueError naming the keys involved."""
 
 
 # ----------------------------------------------------------------------------- shared sections
+
+# Upper bounds that no real run reaches and that keep an absurd value (1e12) a config error instead of an
+# allocation that fails or hangs; the memory a model needs is checked separately (run.py).
+MAX_POSITIONS = 1 << 20
+MAX_BATCH_TOKENS = 1 << 26
+MAX_BEAM = 256
 
 
 class VocabConfig(Section):
@@ -51,14 +127,15 @@ class VocabConfig(Section):
     type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
     joint: bool = Field(True, description="one vocabulary for source and target (needed to share embeddings)")
     character_coverage: float = Field(1.0, gt=0.0, le=1.0, description="share of characters covered")
-    max_sentences: int = Field(2_000_000, ge=1, description="at most this many lines train the vocabulary")
+    max_sentences: int = Field(2_000_000, ge=1, le=1_000_000_000,
+                               description="at most this many lines train the vocabulary")
 
 
 class TrainConfig(Section):
     """The shared trainer: optimisation, precision, evaluation and checkpoint cadence."""
 
-    max_steps: int | None = Field(None, ge=1, description="stop after this many updates")
-    max_epochs: int | None = Field(None, ge=1, description="stop after this many passes over the data")
+    max_steps: int | None = Field(None, ge=1, le=10**12, description="stop after this many updates")
+    max_epochs: int | None = Field(None, ge=1, le=10**9, description="stop after this many passes over the data")
     max_minutes: float | None = Field(None, gt=0, description="stop after this much wall time (evaluation included)")
     lr: float = Field(5e-4, gt=0.0, le=10.0, description="peak learning rate")
     warmup_steps: int = Field(4000, ge=0, description="linear warmup from 0 to lr")
@@ -69,18 +146,18 @@ class TrainConfig(Section):
     adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
     clip_norm: float = Field(1.0, ge=0.0, description="gradient-norm clipping; 0 disables")
-    accum_steps: int = Field(1, ge=1, description="micro-batches accumulated per update")
+    accum_steps: int = Field(1, ge=1, le=65536, description="micro-batches accumulated per update")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 autocast where the hardware has bf16 matmul, else fp16/fp32"
     )
-    seed: int = Field(1, ge=0, description="seeds data order, initialisation and dropout")
+    seed: int = Field(1, ge=0, le=2**32 - 1, description="seeds data order, initialisation and dropout")
     eval_every: int = Field(1000, ge=1, description="evaluate every this many updates")
     save_every: int | None = Field(None, ge=1, description="write last.pt every this many updates (default eval_every)")
     log_every: int = Field(50, ge=1, description="log training metrics every this many updates")
     keep_last: int = Field(3, ge=0, description="step checkpoints kept besides best.pt and last.pt")
     patience: int | None = Field(None, ge=1, description="stop after this many evaluations without improvement")
     compile: bool = Field(False, description="torch.compile the model")
-    pad_to_multiple: int = Field(2, ge=1, description="pad batch lengths to a multiple of this: few repeating "
+    pad_to_multiple: int = Field(2, ge=1, le=512, description="pad batch lengths to a multiple of this: few repeating "
                                  "tensor shapes keep memory flat and speed steady (1: no rounding)")
 
 
@@ -96,39 +173,40 @@ class TranslationDataConfig(Section):
     train: str = Field("train", min_length=1, description="training split name")
     valid: str = Field("val", min_length=1, description="validation split name")
     test: str | None = Field("test", description="test split name, scored at the end of training (null: none)")
-    max_len: int = Field(128, ge=1, description="training pairs with a side longer than this (in pieces) are dropped")
+    max_len: int = Field(128, ge=1, le=MAX_POSITIONS,
+                         description="training pairs with a side longer than this (in pieces) are dropped")
 
 
 class TransformerConfig(Section):
     """The encoder-decoder Transformer of "Attention Is All You Need"."""
 
-    d_model: int = Field(512, ge=2, description="model width")
-    heads: int = Field(8, ge=1, description="attention heads; must divide d_model")
-    ffn_dim: int = Field(2048, ge=1, description="inner size of the position-wise feed-forward network")
-    enc_layers: int = Field(6, ge=1, description="encoder blocks")
-    dec_layers: int = Field(6, ge=1, description="decoder blocks")
+    d_model: int = Field(512, ge=2, le=65536, description="model width")
+    heads: int = Field(8, ge=1, le=1024, description="attention heads; must divide d_model")
+    ffn_dim: int = Field(2048, ge=1, le=1_048_576, description="inner size of the position-wise feed-forward network")
+    enc_layers: int = Field(6, ge=1, le=1000, description="encoder blocks")
+    dec_layers: int = Field(6, ge=1, le=1000, description="decoder blocks")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on embeddings and sub-layer outputs")
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on attention weights")
     activation: Literal["relu", "gelu"] = Field("relu", description="FFN non-linearity")
     norm: Literal["post", "pre"] = Field("post", description="post-norm (the paper) or pre-norm")
     share_embeddings: bool = Field(True, description="one matrix for source and target embeddings (joint vocab)")
     tie_output: bool = Field(True, description="output projection shares the target embedding matrix")
-    max_positions: int = Field(1024, ge=2, description="longest sequence the positional table covers")
+    max_positions: int = Field(1024, ge=2, le=MAX_POSITIONS, description="longest sequence the positional table covers")
 
 
 class EvalConfig(Section):
     """Validation decoding during training."""
 
-    beam: int = Field(5, ge=1, description="beam size for validation BLEU")
-    lenpen: float = Field(1.0, ge=0.0, description="length penalty: score / length**lenpen")
-    max_len_a: float = Field(1.2, ge=0.0, description="max output length = a * source length + b")
-    max_len_b: int = Field(10, ge=1, description="see max_len_a")
-    max_tokens: int = Field(8000, ge=16, description="source tokens per decoding batch")
+    beam: int = Field(5, ge=1, le=MAX_BEAM, description="beam size for validation BLEU")
+    lenpen: float = Field(1.0, ge=0.0, le=10.0, description="length penalty: score / length**lenpen")
+    max_len_a: float = Field(1.2, ge=0.0, le=1000.0, description="max output length = a * source length + b")
+    max_len_b: int = Field(10, ge=1, le=MAX_POSITIONS, description="see max_len_a")
+    max_tokens: int = Field(8000, ge=16, le=MAX_BATCH_TOKENS, description="source tokens per decoding batch")
     bleu: bool = Field(True, description="decode the validation set and score BLEU at each evaluation")
 
 
 class TranslationTrainConfig(TrainConfig):
-    max_tokens: int = Field(4096, ge=16, description="padded tokens per side in a batch")
+    max_tokens: int = Field(4096, ge=16, le=MAX_BATCH_TOKENS, description="padded tokens per side in a batch")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="label smoothing epsilon of the loss")
 
 
@@ -151,6 +229,11 @@ class TranslationRunConfig(Section):
             raise ValueError("model.share_embeddings needs vocab.joint: true (or set model.share_embeddings: false)")
         if self.data.max_len + 2 > m.max_positions:
             raise ValueError(f"data.max_len ({self.data.max_len}) + 2 exceeds model.max_positions ({m.max_positions})")
+        padded = -(-(self.data.max_len + 1) // self.train.pad_to_multiple) * self.train.pad_to_multiple
+        if padded > m.max_positions:
+            raise ValueError(f"train.pad_to_multiple ({self.train.pad_to_multiple}) pads data.max_len + 1 "
+                             f"({self.data.max_len + 1}) to {padded} positions, more than model.max_positions "
+                             f"({m.max_positions}); use a smaller pad_to_multiple")
         _check_train(self.train)
 
 
@@ -233,7 +316,7 @@ def build_config(schema: type[Section], raw: dict[str, Any], source: str) -> Any
         if err["type"] == "extra_forbidden":
             msg = f"unknown key; valid keys here: {_valid_keys(schema, err['loc'][:-1])}"
         elif "input" in err and not isinstance(err["input"], dict):
-            msg = f"{msg} (got {err['input']!r})"
+            msg = f"{msg} (got {quote(err['input'])})"
         more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
         raise UserError(f"config error in {source}: {key}: {msg}{more}") from None
     try:
@@ -280,26 +363,27 @@ class BertDataConfig(Section):
     format: Literal["text", "wikitext"] = Field("text", description="text: blank lines separate documents; "
                                                 "wikitext: '= Title =' lines start documents")
     split_sentences: bool = Field(False, description="split lines into sentences with a rule-based splitter")
-    max_seq_len: int = Field(128, ge=8, description="tokens per sequence, [CLS] and [SEP]s included")
+    max_seq_len: int = Field(128, ge=8, le=MAX_POSITIONS, description="tokens per sequence, [CLS] and [SEP]s included")
     short_seq_prob: float = Field(0.1, ge=0.0, le=1.0, description="share of sequences with a shorter random target")
     mask_prob: float = Field(0.15, gt=0.0, lt=1.0, description="share of non-special positions chosen for MLM")
-    max_predictions: int = Field(20, ge=1, description="at most this many masked positions per sequence")
+    max_predictions: int = Field(20, ge=1, le=MAX_POSITIONS,
+                                 description="at most this many masked positions per sequence")
 
 
 class BertModelConfig(Section):
     """BERT encoder sizes (defaults: BERT-base)."""
 
-    d_model: int = Field(768, ge=2, description="hidden size H")
-    layers: int = Field(12, ge=1, description="encoder blocks L")
-    heads: int = Field(12, ge=1, description="attention heads A; must divide d_model")
-    ffn_dim: int = Field(3072, ge=1, description="FFN inner size (4H in the paper)")
-    max_positions: int = Field(512, ge=8, description="learned position embeddings P")
+    d_model: int = Field(768, ge=2, le=65536, description="hidden size H")
+    layers: int = Field(12, ge=1, le=1000, description="encoder blocks L")
+    heads: int = Field(12, ge=1, le=1024, description="attention heads A; must divide d_model")
+    ffn_dim: int = Field(3072, ge=1, le=1_048_576, description="FFN inner size (4H in the paper)")
+    max_positions: int = Field(512, ge=8, le=MAX_POSITIONS, description="learned position embeddings P")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on embeddings and sub-layer outputs")
     attention_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on attention weights")
 
 
 class BertTrainConfig(TrainConfig):
-    batch_size: int = Field(32, ge=1, description="sequences per micro-batch")
+    batch_size: int = Field(32, ge=1, le=1_048_576, description="sequences per micro-batch")
     lr: float = Field(1e-4, gt=0.0, le=10.0, description="peak learning rate")
     warmup_steps: int = Field(1000, ge=0, description="linear warmup from 0 to lr")
     schedule: Literal["inverse_sqrt", "linear", "constant"] = Field("linear", description="decay after warmup")
@@ -322,4 +406,9 @@ class BertRunConfig(Section):
             raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
         if d.max_seq_len > m.max_positions:
             raise ValueError(f"data.max_seq_len ({d.max_seq_len}) exceeds model.max_positions ({m.max_positions})")
+        padded = -(-d.max_seq_len // self.train.pad_to_multiple) * self.train.pad_to_multiple
+        if padded > m.max_positions:
+            raise ValueError(f"train.pad_to_multiple ({self.train.pad_to_multiple}) pads data.max_seq_len "
+                             f"({d.max_seq_len}) to {padded} positions, more than model.max_positions "
+                             f"({m.max_positions}); use a smaller pad_to_multiple")
         _check_train(self.train)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import random
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -63,14 +64,16 @@ def train_vocab(
     unk_piece: str = "<unk>",
     control_symbols: tuple[str, ...] = (),
     bos_eos: bool = True,
+    source: str = "the training text",
 ) -> Vocab:
     """Train a sentencepiece model in memory; `size` is an upper bound (small corpora get fewer pieces).
 
     Ids: pad 0, unk 1, then bos 2 and eos 3 (`bos_eos`), then `control_symbols` in order.
+    `source` names the text in errors.
     """
     sample = [line for line in lines if line.strip()]
     if not sample:
-        raise UserError("cannot train a vocabulary: the training text is empty")
+        raise UserError(f"cannot train a vocabulary: {source} holds no text")
     if len(sample) > max_sentences:
         sample = random.Random(seed).sample(sample, max_sentences)
     out = io.BytesIO()
@@ -89,11 +92,19 @@ def train_vocab(
             pad_piece=pad_piece,
             unk_piece=unk_piece,
             control_symbols=list(control_symbols),
-            input_sentence_size=len(sample),
+            input_sentence_size=0,  # all of `sample`, already drawn above (spm refuses sizes 1-100)
             shuffle_input_sentence=False,
             minloglevel=2,
             num_threads=2,
         )
     except RuntimeError as e:
-        raise UserError(f"sentencepiece could not train a vocabulary of size {size}: {e}") from None
+        detail = " ".join(str(e).split())
+        chars = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", detail)
+        if chars:
+            raise UserError(f"vocab.size {size} is too small for {source}: its characters and the special pieces "
+                            f"need {chars.group(2)}; raise vocab.size or lower vocab.character_coverage") from None
+        detail = detail[:200]
+        raise UserError(f"sentencepiece could not train a vocabulary of up to {size} pieces on {source} "
+                        f"({len(sample)} lines): {detail}; a small corpus needs a smaller vocab.size, or add text"
+                        ) from None
     return Vocab(out.getvalue())

@@ -100,12 +100,15 @@ class Instance:
         return len(self.tokens_a) + len(self.tokens_b) + 3
 
 
-def check_corpus(docs: list[list[list[int]]], name: str) -> None:
+def check_corpus(docs: list[list[list[int]]], name: str, fmt: str = "text") -> None:
+    """At least two documents, one of them with two sentences; the advice depends on data.format."""
     if not docs:
         raise UserError(f"{name} holds no text: BERT pretraining needs documents separated by blank lines")
     if len(docs) < 2:
-        raise UserError(f"{name} holds a single document; next sentence prediction needs at least two "
-                        "(separate documents with a blank line, or use data.format: wikitext)")
+        how = ("no ' = Title = ' line starts a second document; plain text with blank lines between documents "
+               "needs data.format: text" if fmt == "wikitext"
+               else "separate documents with a blank line, or use data.format: wikitext for WikiText files")
+        raise UserError(f"{name} holds a single document; next sentence prediction needs at least two ({how})")
     if not any(len(d) >= 2 for d in docs):
         raise UserError(f"{name}: no document has two sentences, so there is no real next sentence "
                         "(one sentence per line, or set data.split_sentences: true)")
@@ -235,9 +238,10 @@ def length_batches(lengths: list[int], batch_size: int, rng: random.Random, pool
     return batches
 
 
-def collate_pairs(instances: list[Instance], ids: SpecialIds) -> tuple[Tensor, Tensor, Tensor]:
-    """Unmasked (B, T) input ids, segment ids (A = 0, B = 1) and NSP labels."""
-    T = max(len(x) for x in instances)
+def collate_pairs(instances: list[Instance], ids: SpecialIds, multiple: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    """Unmasked (B, T) input ids, segment ids (A = 0, B = 1) and NSP labels; T is the longest sequence
+    rounded up to a multiple of `multiple` (few repeating shapes, as in translation batches)."""
+    T = -(-max(len(x) for x in instances) // multiple) * multiple
     input_ids = torch.full((len(instances), T), ids.pad, dtype=torch.long)
     segments = torch.zeros((len(instances), T), dtype=torch.long)
     for row, x in enumerate(instances):
@@ -271,8 +275,8 @@ def mask_tokens(input_ids: Tensor, ids: SpecialIds, mask_prob: float, max_predic
 
 
 def make_batch(instances: list[Instance], ids: SpecialIds, mask_prob: float, max_predictions: int,
-               generator: torch.Generator) -> BertBatch:
-    input_ids, segments, nsp = collate_pairs(instances, ids)
+               generator: torch.Generator, multiple: int = 1) -> BertBatch:
+    input_ids, segments, nsp = collate_pairs(instances, ids, multiple)
     masked, labels = mask_tokens(input_ids, ids, mask_prob, max_predictions, generator)
     return BertBatch(masked, segments, labels, nsp, masked=int(labels.ne(IGNORE).sum()),
                      real_tokens=int(input_ids.ne(ids.pad).sum()))

@@ -23,7 +23,8 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def decode_utf8(data: bytes, name: str) -> list[str]:
-    """Split UTF-8 bytes into lines (\n or \r\n; a leading BOM dropped); errors name `name` and the line."""
+    """Split UTF-8 bytes into lines (\n or \r\n, or \r alone in a file without \n, as old Mac files have;
+    a leading BOM dropped); errors name `name` and the line."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -31,6 +32,8 @@ def decode_utf8(data: bytes, name: str) -> list[str]:
         byte = data[e.start]
         raise UserError(f"{name} line {line}: invalid UTF-8 (byte {byte:#04x}); save the file as UTF-8") from None
     text = text.removeprefix("\ufeff")
+    if "\n" not in text and "\r" in text:
+        text = text.replace("\r", "\n")
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -41,5 +44,14 @@ def fingerprint(paths: list[Path]) -> str:
     """sha256 over the files' bytes: resuming with other data is an error, not a silent mix."""
     digest = hashlib.sha256()
     for path in paths:
-        digest.update(Path(path).read_bytes())
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        except FileNotFoundError:
+            raise UserError(f"data file not found: {path}") from None
+        except IsADirectoryError:
+            raise UserError(f"{path} is a directory, not a text file") from None
+        except OSError as e:
+            raise UserError(f"cannot read {path}: {e.strerror}") from None
     return digest.hexdigest()

@@ -53,7 +53,7 @@ class ParallelData:
 
 
 def encode_parallel(src_lines: list[str], tgt_lines: list[str], src_vocab: Vocab, tgt_vocab: Vocab,
-                    max_len: int | None = None) -> ParallelData:
+                    max_len: int | None = None, split: str = "the data") -> ParallelData:
     """Tokenise; drop pairs with an empty side, and (when max_len is set) pairs with a side over max_len."""
     keep = [i for i, (s, t) in enumerate(zip(src_lines, tgt_lines)) if s.strip() and t.strip()]
     dropped_empty = len(src_lines) - len(keep)
@@ -70,7 +70,10 @@ def encode_parallel(src_lines: list[str], tgt_lines: list[str], src_vocab: Vocab
         data.src_text.append(st)
         data.tgt_text.append(tt)
     if not data.src:
-        raise UserError("no sentence pairs left after dropping empty and over-long ones; check data.max_len")
+        why = f"{data.dropped_empty} of {len(src_lines)} have an empty side"
+        if max_len is not None:
+            why += f", {data.dropped_long} have a side over {max_len} pieces (data.max_len)"
+        raise UserError(f"{split}: no sentence pairs left ({why}); check the {split} files")
     return data
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from pathlib import Path
@@ -10,7 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer_cli.config import BertRunConfig, dump_config
+from transformer_cli.checkpoint import BERT_SPECIALS, Checkpoint, check_bert_vocab
+from transformer_cli.config import BertRunConfig
 from transformer_cli.datasets.bert import (
     BertBatch,
     Instance,
@@ -24,26 +26,22 @@ from transformer_cli.datasets.bert import (
 from transformer_cli.datasets.text import fingerprint
 from transformer_cli.errors import UserError
 from transformer_cli.models.builders import build_bert
-from transformer_cli.train.loop import Trainer, prepare_run_dir, resume_requested, say
+from transformer_cli.params import bert_formula
+from transformer_cli.run import run_training, say
 from transformer_cli.train.runtime import Runtime
 from transformer_cli.vocab import Vocab, train_vocab
 
-SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in every tcli BERT vocabulary
 
-
-def train_bert_vocab(sentences: list[str], cfg: BertRunConfig) -> Vocab:
+def train_bert_vocab(sentences: list[str], cfg: BertRunConfig, source: str = "the training text") -> Vocab:
     v = cfg.vocab
     return train_vocab(sentences, v.size, v.type, v.character_coverage, v.max_sentences, cfg.train.seed,
                        pad_piece="[PAD]", unk_piece="[UNK]", control_symbols=("[CLS]", "[SEP]", "[MASK]"),
-                       bos_eos=False)
+                       bos_eos=False, source=source)
 
 
 def special_ids(vocab: Vocab) -> SpecialIds:
-    ids = [vocab.piece_to_id(p) for p in SPECIAL_PIECES]
-    if ids != list(range(len(SPECIAL_PIECES))):
-        raise UserError(f"the vocabulary does not hold {', '.join(SPECIAL_PIECES)} at ids 0-4; "
-                        "it is not a BERT vocabulary")
-    return SpecialIds(pad=0, cls=2, sep=3, mask=4, first_normal=len(SPECIAL_PIECES), vocab_size=len(vocab))
+    check_bert_vocab(vocab, "the run's vocabulary")
+    return SpecialIds(pad=0, cls=2, sep=3, mask=4, first_normal=len(BERT_SPECIALS), vocab_size=len(vocab))
 
 
 class BertTask:
@@ -80,7 +78,8 @@ class BertTask:
         self.epoch_batches(epoch)
         generator = torch.Generator().manual_seed(self._seed(2, epoch, number))
         d = self.cfg.data
-        return make_batch([self._instances[i] for i in indices], self.ids, d.mask_prob, d.max_predictions, generator)
+        return make_batch([self._instances[i] for i in indices], self.ids, d.mask_prob, d.max_predictions, generator,
+                          multiple=self.cfg.train.pad_to_multiple)
 
     def step_loss(self, model: nn.Module, batch: BertBatch, norms: dict[str, int]) -> tuple[Tensor, dict]:
         out = model(batch.input_ids, batch.segment_ids, batch.mlm_labels, batch.nsp_labels)
@@ -120,15 +119,6 @@ class BertTask:
         return {"config": self.cfg.model_dump(mode="json"), "vocab": {"bert": self.vocab.model_bytes},
                 "data_fingerprint": self.data_fingerprint}
 
-    def check_resume(self, state: dict[str, Any], path: Path) -> None:
-        if state.get("vocab") != {"bert": self.vocab.model_bytes}:
-            raise UserError(f"{path} was trained with another vocabulary than the one in the run directory")
-        if state.get("data_fingerprint") != self.data_fingerprint:
-            raise UserError(f"the training text differs from the text {path} was trained on; use a new --out")
-        if state["config"].get("model") != self.cfg.model_dump(mode="json")["model"]:
-            raise UserError(f"the model: section differs from the one {path} was trained with; "
-                            "resume with the same model settings or use a new --out")
-
 
 def _encode_docs(vocab: Vocab, docs: list[list[str]]) -> list[list[list[int]]]:
     flat = vocab.encode([s for d in docs for s in d])
@@ -139,64 +129,78 @@ def _encode_docs(vocab: Vocab, docs: list[list[str]]) -> list[list[list[int]]]:
     return [d for d in out if d]
 
 
-def _prepare_vocab(cfg: BertRunConfig, run_dir: Path, train_docs: list[list[str]], hf_vocab: Vocab | None,
-                   quiet: bool) -> Vocab:
-    """The run's vocabulary: the one saved in the run directory, else the HF folder's, else a new one."""
-    path = run_dir / "vocab" / "bert.model"
-    if path.exists():
-        vocab = Vocab.load(path)
-        if hf_vocab is not None and vocab != hf_vocab:
-            raise UserError(f"the --init-from-hf folder has another vocabulary than the run directory {run_dir}")
-        return vocab
-    if hf_vocab is None:
-        say(quiet, f"training the sentencepiece vocabulary ({cfg.vocab.type}, up to {cfg.vocab.size} pieces)")
-    vocab = hf_vocab or train_bert_vocab([s for doc in train_docs for s in doc], cfg)
-    vocab.save(path)
-    return vocab
+class BertSetup:
+    """What the shared run lifecycle (run.py) needs to know about BERT pretraining."""
+
+    kind = "bert"
+
+    def __init__(self, cfg: BertRunConfig, init_from_hf: Path | None = None):
+        self.cfg, self.init_from_hf = cfg, init_from_hf
+        d = cfg.data
+        self.paths = {name: Path(d.dir) / getattr(d, name) for name in ("train", "valid")}
+        self.raw: dict[str, list[list[str]]] = {}
+        self.hf_weights, self.hf_vocab = None, None
+        self._fingerprint: str | None = None
+
+    def read_data(self) -> None:
+        d = self.cfg.data
+        self.raw = {name: read_documents(path, d.format, d.split_sentences) for name, path in self.paths.items()}
+        for name, docs in self.raw.items():
+            check_corpus(docs, str(self.paths[name]), d.format)
+        if self.init_from_hf is not None:
+            from transformer_cli.hf import load_hf_bert
+
+            self.hf_weights, self.hf_vocab = load_hf_bert(self.init_from_hf, self.cfg.model)
+
+    def data_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint([self.paths["train"]])
+        return self._fingerprint
+
+    def count_parameters(self) -> tuple[int, int]:
+        return bert_formula(self.cfg.model, self.cfg.vocab.size).total, 0
+
+    def vocab_files(self) -> list[str]:
+        return ["bert"]
+
+    def vocab_settings(self) -> dict[str, Any]:
+        hf = hashlib.sha256(self.hf_vocab.model_bytes).hexdigest() if self.hf_vocab is not None else None
+        return {"kind": self.kind, "vocab": self.cfg.vocab.model_dump(mode="json"), "seed": self.cfg.train.seed,
+                "data": self.data_fingerprint(), "from_hf": hf}
+
+    def train_vocabs(self, quiet: bool) -> list[Vocab]:
+        if self.hf_vocab is not None:
+            return [self.hf_vocab]
+        v = self.cfg.vocab
+        say(quiet, f"training the sentencepiece vocabulary ({v.type}, up to {v.size} pieces)")
+        sentences = [s for doc in self.raw["train"] for s in doc]
+        return [train_bert_vocab(sentences, self.cfg, source=str(self.paths["train"]))]
+
+    def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Vocab]:
+        if self.hf_vocab is not None and self.hf_vocab != ckpt.vocabs[0]:
+            raise UserError(f"the --init-from-hf folder has another vocabulary than {ckpt.path}")
+        return [ckpt.vocabs[0]]
+
+    def make_task(self, vocabs: list[Vocab], quiet: bool) -> BertTask:
+        cfg, (vocab,) = self.cfg, vocabs
+        docs = {name: _encode_docs(vocab, raw_docs) for name, raw_docs in self.raw.items()}
+        for name, encoded in docs.items():
+            n_sent = sum(len(x) for x in encoded)
+            n_tok = sum(len(s) for x in encoded for s in x)
+            say(quiet, f"{name}: {len(encoded)} documents, {n_sent} sentences, {n_tok} tokens ({self.paths[name]})")
+            check_corpus(encoded, str(self.paths[name]), cfg.data.format)
+        torch.manual_seed(cfg.train.seed)
+        random.seed(cfg.train.seed)
+        model = build_bert(cfg.model, len(vocab))
+        if self.hf_weights is not None:
+            model.load_state_dict(self.hf_weights)
+            say(quiet, f"initialised from {self.init_from_hf}")
+        n_params = sum(p.numel() for p in model.parameters())
+        say(quiet, f"model: {n_params:,} parameters; vocabulary {len(vocab)} pieces")
+        return BertTask(cfg, vocab, docs["train"], docs["valid"], model, self.data_fingerprint())
 
 
 def pretrain_bert(cfg: BertRunConfig, run_dir: Path, device: str = "auto", resume: bool = False,
                   quiet: bool = False, init_from_hf: Path | None = None) -> dict[str, Any]:
     """`tcli pretrain-bert`: text -> vocabulary -> NSP/MLM instances -> trained BERT; returns the end event."""
-    runtime = Runtime.create(device, cfg.train.precision)
-    d = cfg.data
-    paths = {name: Path(d.dir) / getattr(d, name) for name in ("train", "valid")}
-    raw = {name: read_documents(path, d.format, d.split_sentences) for name, path in paths.items()}
-    for name, docs in raw.items():
-        check_corpus(docs, str(paths[name]))
-    hf_model, hf_vocab = None, None
-    if init_from_hf is not None:
-        from transformer_cli.hf import load_hf_bert
-
-        hf_model, hf_vocab = load_hf_bert(init_from_hf, cfg.model)
-    quiet, resume = quiet or not runtime.is_main, resume_requested(resume)
-    if runtime.is_main:  # under torchrun, rank 0 prepares the run directory and the vocabulary
-        prepare_run_dir(run_dir, resume)
-        (run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
-        say(quiet, f"run directory {run_dir}; {runtime.describe()}")
-        vocab = _prepare_vocab(cfg, run_dir, raw["train"], hf_vocab, quiet)
-    runtime.barrier()
-    if not runtime.is_main:
-        vocab = Vocab.load(run_dir / "vocab" / "bert.model")
-    docs = {name: _encode_docs(vocab, raw_docs) for name, raw_docs in raw.items()}
-    for name, encoded in docs.items():
-        n_sent = sum(len(x) for x in encoded)
-        n_tok = sum(len(s) for x in encoded for s in x)
-        say(quiet, f"{name}: {len(encoded)} documents, {n_sent} sentences, {n_tok} tokens ({paths[name]})")
-        check_corpus(encoded, str(paths[name]))
-
-    torch.manual_seed(cfg.train.seed)
-    random.seed(cfg.train.seed)
-    model = build_bert(cfg.model, len(vocab))
-    if hf_model is not None:
-        model.load_state_dict(hf_model)
-        say(quiet, f"initialised from {init_from_hf}")
-    n_params = sum(p.numel() for p in model.parameters())
-    say(quiet, f"model: {n_params:,} parameters; vocabulary {len(vocab)} pieces")
-    task = BertTask(cfg, vocab, docs["train"], docs["valid"], model, fingerprint([paths["train"]]))
-    trainer = Trainer(task, cfg.train, run_dir, runtime, quiet)
-    trainer.resume_or_start(resume)
-    try:
-        return trainer.run()
-    finally:
-        runtime.shutdown()
+    return run_training(BertSetup(cfg, init_from_hf), cfg, run_dir, device, resume, quiet)

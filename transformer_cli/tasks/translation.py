@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer_cli.config import TranslationRunConfig, dump_config
+from transformer_cli.checkpoint import Checkpoint, read_checkpoint
+from transformer_cli.config import TranslationRunConfig
 from transformer_cli.datasets.text import fingerprint
 from transformer_cli.datasets.translation import (
     Batch,
@@ -22,11 +23,10 @@ from transformer_cli.datasets.translation import (
     token_batches,
 )
 from transformer_cli.decode import DecodeOptions, decode_corpus
-from transformer_cli.errors import UserError
 from transformer_cli.evaluate import bleu, translation_scores
 from transformer_cli.models.builders import build_transformer
-from transformer_cli.train.checkpoint import load_checkpoint
-from transformer_cli.train.loop import Trainer, prepare_run_dir, resume_requested, say
+from transformer_cli.params import transformer_formula
+from transformer_cli.run import run_training, say
 from transformer_cli.train.runtime import Runtime
 from transformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID, Vocab, train_vocab
 
@@ -86,7 +86,7 @@ class TranslationTask:
         best = ckpt_dir / "best.pt"
         if self.test is None or not best.exists():
             return None
-        self.model.load_state_dict(load_checkpoint(best, kind=self.kind)["model"])
+        self.model.load_state_dict(read_checkpoint(best, kind=self.kind).weights)
         self.model.eval()
         with torch.inference_mode():
             hyps = self.translate(self.model, runtime, self.test)
@@ -100,45 +100,6 @@ class TranslationTask:
         vocab = {"joint": src.model_bytes} if src is tgt else {"src": src.model_bytes, "tgt": tgt.model_bytes}
         return {"config": self.cfg.model_dump(mode="json"), "vocab": vocab, "data_fingerprint": self.data_fingerprint}
 
-    def check_resume(self, state: dict[str, Any], path: Path) -> None:
-        ours = self.checkpoint_meta()
-        if state.get("vocab") != ours["vocab"]:
-            raise UserError(f"{path} was trained with another vocabulary than the one in the run directory")
-        if state.get("data_fingerprint") != self.data_fingerprint:
-            raise UserError(f"the training data differ from those {path} was trained on; use a new --out to start over")
-        for section in ("model", "vocab"):
-            if state["config"].get(section) != ours["config"][section]:
-                raise UserError(f"the {section}: section differs from the one {path} was trained with; "
-                                f"resume with the same {section} settings or use a new --out")
-
-
-def vocab_from_checkpoint(state: dict[str, Any]) -> tuple[Vocab, Vocab]:
-    vocab = state["vocab"]
-    if "joint" in vocab:
-        joint = Vocab(vocab["joint"])
-        return joint, joint
-    return Vocab(vocab["src"]), Vocab(vocab["tgt"])
-
-
-def _prepare_vocab(cfg: TranslationRunConfig, run_dir: Path, train_lines: tuple[list[str], list[str]],
-                   quiet: bool) -> tuple[Vocab, Vocab]:
-    """Load the run's vocabulary if it has one (resume), else train it from the training text and save it."""
-    v, vocab_dir = cfg.vocab, run_dir / "vocab"
-    names = ["joint"] if v.joint else ["src", "tgt"]
-    paths = [vocab_dir / f"{name}.model" for name in names]
-    if all(p.exists() for p in paths):
-        loaded = [Vocab.load(p) for p in paths]
-        return (loaded[0], loaded[0]) if v.joint else (loaded[0], loaded[1])
-    src_lines, tgt_lines = train_lines
-    corpora = [src_lines + tgt_lines] if v.joint else [src_lines, tgt_lines]
-    vocabs = []
-    for name, lines, path in zip(names, corpora, paths):
-        say(quiet, f"training the {name} sentencepiece vocabulary ({v.type}, up to {v.size} pieces)")
-        vocab = train_vocab(lines, v.size, v.type, v.character_coverage, v.max_sentences, cfg.train.seed)
-        vocab.save(path)
-        vocabs.append(vocab)
-    return (vocabs[0], vocabs[0]) if v.joint else (vocabs[0], vocabs[1])
-
 
 def read_splits(cfg: TranslationRunConfig) -> dict[str, tuple[list[str], list[str]]]:
     """Raw text of every split, read (and checked) before anything is written."""
@@ -149,41 +110,71 @@ def read_splits(cfg: TranslationRunConfig) -> dict[str, tuple[list[str], list[st
 
 def encode_split(name: str, lines: tuple[list[str], list[str]], vocabs: tuple[Vocab, Vocab], max_len: int | None,
                  quiet: bool) -> ParallelData:
-    data = encode_parallel(*lines, vocabs[0], vocabs[1], max_len)
+    data = encode_parallel(*lines, vocabs[0], vocabs[1], max_len, split=name)
     say(quiet, f"{name}: {len(data)} of {len(lines[0])} pairs kept ({data.dropped_empty} with an empty side dropped"
                + (f", {data.dropped_long} over {max_len} pieces dropped)" if max_len else ")"))
     return data
 
 
+class TranslationSetup:
+    """What the shared run lifecycle (run.py) needs to know about translation."""
+
+    kind = "translation"
+
+    def __init__(self, cfg: TranslationRunConfig):
+        self.cfg = cfg
+        self.splits: dict[str, tuple[list[str], list[str]]] = {}
+        self._fingerprint: str | None = None
+
+    def read_data(self) -> None:
+        self.splits = read_splits(self.cfg)
+
+    def data_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            d = self.cfg.data
+            self._fingerprint = fingerprint(list(split_paths(d.dir, d.train, d.src_lang, d.tgt_lang)))
+        return self._fingerprint
+
+    def count_parameters(self) -> tuple[int, int]:
+        m, V = self.cfg.model, self.cfg.vocab.size  # vocab.size bounds the trained vocabulary
+        return transformer_formula(m, V, V).total, m.max_positions * m.d_model
+
+    def vocab_files(self) -> list[str]:
+        return ["joint"] if self.cfg.vocab.joint else ["src", "tgt"]
+
+    def vocab_settings(self) -> dict[str, Any]:
+        return {"kind": self.kind, "vocab": self.cfg.vocab.model_dump(mode="json"), "seed": self.cfg.train.seed,
+                "data": self.data_fingerprint()}
+
+    def train_vocabs(self, quiet: bool) -> list[Vocab]:
+        v, train = self.cfg.vocab, self.cfg.data.train
+        src_lines, tgt_lines = self.splits[train]
+        corpora = [src_lines + tgt_lines] if v.joint else [src_lines, tgt_lines]
+        vocabs = []
+        for name, lines in zip(self.vocab_files(), corpora):
+            say(quiet, f"training the {name} sentencepiece vocabulary ({v.type}, up to {v.size} pieces)")
+            vocabs.append(train_vocab(lines, v.size, v.type, v.character_coverage, v.max_sentences,
+                                      self.cfg.train.seed, source=f"the {train} split"))
+        return vocabs
+
+    def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Vocab]:
+        return [ckpt.vocabs[0]] if self.cfg.vocab.joint else list(ckpt.vocabs)
+
+    def make_task(self, vocabs: list[Vocab], quiet: bool) -> TranslationTask:
+        cfg, d = self.cfg, self.cfg.data
+        pair = (vocabs[0], vocabs[0]) if cfg.vocab.joint else (vocabs[0], vocabs[1])
+        train = encode_split(d.train, self.splits[d.train], pair, d.max_len, quiet)
+        valid = encode_split(d.valid, self.splits[d.valid], pair, cfg.model.max_positions - 2, quiet)
+        test = encode_split(d.test, self.splits[d.test], pair, None, quiet) if d.test else None
+        torch.manual_seed(cfg.train.seed)
+        random.seed(cfg.train.seed)
+        model = build_transformer(cfg.model, len(pair[0]), len(pair[1]))
+        n_params = sum(p.numel() for p in dict.fromkeys(model.parameters()))
+        say(quiet, f"model: {n_params:,} parameters; vocabulary {len(pair[0])} / {len(pair[1])} pieces")
+        return TranslationTask(cfg, pair, train, valid, test, model, self.data_fingerprint())
+
+
 def train_translation(cfg: TranslationRunConfig, run_dir: Path, device: str = "auto", resume: bool = False,
                       quiet: bool = False) -> dict[str, Any]:
     """`tcli train`: everything from raw text to best.pt; returns the end event."""
-    runtime = Runtime.create(device, cfg.train.precision)
-    quiet, resume = quiet or not runtime.is_main, resume_requested(resume)
-    d = cfg.data
-    splits = read_splits(cfg)
-    if runtime.is_main:  # under torchrun, rank 0 prepares the run directory and the vocabulary
-        prepare_run_dir(run_dir, resume)
-        (run_dir / "config.yaml").write_text(dump_config(cfg), encoding="utf-8")
-        say(quiet, f"run directory {run_dir}; {runtime.describe()}")
-        vocabs = _prepare_vocab(cfg, run_dir, splits[d.train], quiet)
-    runtime.barrier()
-    if not runtime.is_main:
-        vocabs = _prepare_vocab(cfg, run_dir, splits[d.train], quiet)
-    train = encode_split(d.train, splits[d.train], vocabs, d.max_len, quiet)
-    valid = encode_split(d.valid, splits[d.valid], vocabs, cfg.model.max_positions - 2, quiet)
-    test = encode_split(d.test, splits[d.test], vocabs, None, quiet) if d.test else None
-    train_files = list(split_paths(d.dir, d.train, d.src_lang, d.tgt_lang))
-
-    torch.manual_seed(cfg.train.seed)
-    random.seed(cfg.train.seed)
-    model = build_transformer(cfg.model, len(vocabs[0]), len(vocabs[1]))
-    n_params = sum(p.numel() for p in dict.fromkeys(model.parameters()))
-    say(quiet, f"model: {n_params:,} parameters; vocabulary {len(vocabs[0])} / {len(vocabs[1])} pieces")
-    task = TranslationTask(cfg, vocabs, train, valid, test, model, fingerprint(train_files))
-    trainer = Trainer(task, cfg.train, run_dir, runtime, quiet)
-    trainer.resume_or_start(resume)
-    try:
-        return trainer.run()
-    finally:
-        runtime.shutdown()
+    return run_training(TranslationSetup(cfg), cfg, run_dir, device, resume, quiet)

@@ -22,9 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from transformer_cli import __version__
+from transformer_cli.checkpoint import Checkpoint, serialize, write_atomic
 from transformer_cli.config import TrainConfig
 from transformer_cli.errors import UserError
-from transformer_cli.train.checkpoint import load_checkpoint, serialize, write_atomic
+from transformer_cli.run import say, stop_reason
 from transformer_cli.train.metrics import MetricsLog
 from transformer_cli.train.optim import build_optimizer, build_scheduler
 from transformer_cli.train.runtime import Runtime, release_free_memory
@@ -46,7 +47,6 @@ class Task(Protocol):
     def summarize(self, averages: dict[str, float]) -> dict[str, float]: ...  # train event fields
     def evaluate(self, model: nn.Module, runtime: Runtime) -> dict[str, float]: ...
     def checkpoint_meta(self) -> dict[str, Any]: ...
-    def check_resume(self, state: dict[str, Any], path: Path) -> None: ...
     def final_report(self, ckpt_dir: Path, runtime: Runtime) -> dict[str, Any] | None: ...  # test scores
 
 
@@ -114,14 +114,11 @@ def resume_requested(resume: bool) -> bool:
     return resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
-def prepare_run_dir(run_dir: Path, resume: bool) -> None:
-    """Create the run directory; refuse to start a new run over a saved one (no work is ever lost)."""
-    if not resume and (run_dir / "checkpoints" / "last.pt").exists():
-        raise UserError(f"{run_dir} already holds a run; resume it with --resume auto or choose another --out")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create the run directory {run_dir}: {e.strerror}") from None
+# Updates in a row whose gradients are NaN or infinite before a run is stopped as diverged. Such updates
+# are skipped (the weights stay finite); fp16's gradient scaler skips overflowing steps by design while it
+# finds its scale, so it gets more room.
+NONFINITE_LIMIT = {"fp16": 30}
+NONFINITE_DEFAULT = 5
 
 
 class Trainer:
@@ -147,16 +144,17 @@ class Trainer:
         self.scaler = runtime.grad_scaler()
         self.state = TrainState()
         self.wall_start = time.perf_counter()
+        self.nonfinite_limit = NONFINITE_LIMIT.get(runtime.precision, NONFINITE_DEFAULT)
+        self.nonfinite_steps: list[int] = []  # the current run of updates skipped for NaN/inf gradients
+        self._seed_ranks()
 
-    def resume_or_start(self, resume: bool) -> None:
-        last = self.ckpt_dir / "last.pt"
-        if resume and last.exists():
-            ckpt = load_checkpoint(last, kind=self.task.kind)
-            self.task.check_resume(ckpt, last)
-            self._restore(ckpt)
-            say(self.quiet, f"resumed from {last} at step {self.state.step} (epoch {self.state.epoch + 1})")
-        elif resume:
-            say(self.quiet, f"no {last} yet: starting a new run")
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Continue from a checkpoint (already validated and checked against the config by the runner)."""
+        self._restore(ckpt.state)
+        say(self.quiet, f"resumed from {ckpt.path} at step {self.state.step} (epoch {self.state.epoch + 1})")
+        self._seed_ranks()
+
+    def _seed_ranks(self) -> None:
         if self.runtime.distributed:
             # Each rank draws its own dropout masks (the initial weights came from one shared seed).
             torch.manual_seed(hash((self.cfg.seed, self.state.step, self.runtime.rank)) & 0x7FFF_FFFF)
@@ -170,14 +168,48 @@ class Trainer:
             model = DistributedDataParallel(model, device_ids=ids)
         return torch.compile(model) if self.cfg.compile else model
 
-    def run(self) -> dict[str, Any]:
-        """Train; on a normal end log the test scores (if the task has them) and the end event."""
-        cfg, state, task = self.cfg, self.state, self.task
-        step_model = self._wrap()
+    def run(self, finished: str | None = None) -> dict[str, Any]:
+        """Train until a stop condition; then log the test scores (if the task has them) and the end event.
+
+        `finished` (why the restored run has nothing left to train) skips straight to the end: a run killed
+        during its final test evaluation ends exactly as an uninterrupted one would.
+        """
+        state = self.state
         self.metrics = MetricsLog(self.run_dir, resume_step=state.step or None, enabled=self.runtime.is_main)
+        try:
+            reason = finished or self._train()
+            if reason == "signal":
+                self.metrics.close()
+                self.runtime.barrier()
+                say(self.quiet, f"stopped by signal at step {state.step}; last.pt saved, resume with --resume auto")
+                sys.exit(128 + (self.signal_received or signal.SIGTERM))
+            return self._end(reason)
+        finally:
+            self.metrics.close()
+
+    def _end(self, reason: str) -> dict[str, Any]:
+        state, task = self.state, self.task
+        wall = self.elapsed()
+        test = task.final_report(self.ckpt_dir, self.runtime) if self.runtime.is_main else None
+        if test:
+            self.metrics.log("test", state.step, **test)
+        end = self.metrics.log("end", state.step, **{f"best_{task.best_metric}": state.best},
+                               wall_s=round(wall, 1), stop=reason)
+        self.metrics.close()
+        self.runtime.barrier()
+        say(self.quiet, f"done at step {state.step} ({reason}), best {task.best_metric} {state.best}, {wall:.0f}s")
+        return end
+
+    def _train(self) -> str:
+        """The training loop proper; returns why it stopped."""
+        cfg, state, task = self.cfg, self.state, self.task
+        reason = stop_reason(cfg, self._state_dict())  # a resumed run may have nothing left to do
+        if reason is not None:
+            return reason
+        step_model = self._wrap()
         bar = _progress(self.total_steps, state.step, self.quiet)
         interval = _Interval()
-        reason = None
+        self.signal_received = None
         with _StopSignal() as stop:
             try:
                 while reason is None:
@@ -188,6 +220,7 @@ class Trainer:
                         batches = [task.make_batch(spec, state.epoch) for spec in group]
                         grad_norm = self.train_step(step_model, batches, interval)
                         state.step += 1
+                        self._check_finite(grad_norm)
                         state.batch_in_epoch += len(group)
                         interval.record(grad_norm, sum(b.throughput_tokens for b in batches), time.perf_counter() - t0)
                         bar.update(1)
@@ -203,21 +236,25 @@ class Trainer:
                             self._evaluate_and_save(step_file=True, evaluate=state.step % cfg.eval_every != 0)
             finally:
                 bar.close()
-        if reason == "signal":
-            self.metrics.close()
-            self.runtime.barrier()
-            say(self.quiet, f"stopped by signal at step {state.step}; last.pt saved, resume with --resume auto")
-            sys.exit(128 + (stop.received or signal.SIGTERM))
-        wall = self.elapsed()
-        test = task.final_report(self.ckpt_dir, self.runtime) if self.runtime.is_main else None
-        if test:
-            self.metrics.log("test", state.step, **test)
-        end = self.metrics.log("end", state.step, **{f"best_{task.best_metric}": state.best},
-                               wall_s=round(wall, 1), stop=reason)
-        self.metrics.close()
-        self.runtime.barrier()
-        say(self.quiet, f"done at step {state.step} ({reason}), best {task.best_metric} {state.best}, {wall:.0f}s")
-        return end
+                self.signal_received = stop.received
+        if self.nonfinite_steps and reason != "signal":  # the run ends on skipped (NaN/inf) updates
+            self._diverged(f"at its last updates, steps {self.nonfinite_steps[0]}-{self.nonfinite_steps[-1]}")
+        return reason
+
+    def _check_finite(self, grad_norm: Tensor) -> None:
+        """Count updates skipped for NaN/inf gradients; too many in a row end the run as diverged."""
+        if math.isfinite(float(grad_norm)):
+            self.nonfinite_steps = []
+            return
+        self.nonfinite_steps.append(self.state.step)
+        if len(self.nonfinite_steps) >= self.nonfinite_limit:
+            first, last = self.nonfinite_steps[0], self.nonfinite_steps[-1]
+            self._diverged(f"at steps {first}-{last} ({len(self.nonfinite_steps)} in a row)")
+
+    def _diverged(self, where: str) -> None:
+        raise UserError(f"training diverged: the loss or gradients were NaN or infinite {where}; those updates "
+                        "were skipped and the checkpoints saved before are kept; lower train.lr, raise "
+                        "train.warmup_steps or check train.adam_eps / train.weight_decay, then start a new run")
 
     def _out_of_time(self) -> bool:
         limit = self.cfg.max_minutes
@@ -260,7 +297,8 @@ class Trainer:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        self.scaler.step(self.optimizer)
+        if self.scaler.is_enabled() or math.isfinite(float(grad_norm)):
+            self.scaler.step(self.optimizer)  # fp16: the scaler itself skips an overflowing step
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -307,8 +345,14 @@ class Trainer:
         state, task = self.state, self.task
         self.metrics.log("eval", state.step, **results, eval_s=round(time.perf_counter() - t0, 2),
                          wall_s=round(self.elapsed(), 1))
+        broken = [k for k, v in results.items() if isinstance(v, float) and not math.isfinite(v)]
+        if broken:
+            raise UserError(f"training diverged: the validation {broken[0]} is NaN or infinite at step {state.step}; "
+                            "the checkpoints saved before are kept; lower train.lr or check train.weight_decay / "
+                            "train.adam_eps, then start a new run")
         value = results[task.best_metric]
-        better = state.best is None or (value > state.best if task.best_mode == "max" else value < state.best)
+        better = math.isfinite(value) and (
+            state.best is None or (value > state.best if task.best_mode == "max" else value < state.best))
         if better:
             state.best, state.bad_evals = value, 0
         else:
@@ -325,11 +369,12 @@ class Trainer:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        train_state = {
-            "step": state.step, "epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
-            "best": state.best, "bad_evals": state.bad_evals, "train_seconds": state.train_seconds,
-            "wall_seconds": self.elapsed(),
-        }
+        train_state = self._state_dict()
+        for name, tensor in self.model.state_dict().items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise UserError(f"training diverged: {name} became NaN or infinite by step {state.step}; nothing "
+                                "was saved for this step and the checkpoints saved before are kept; lower train.lr "
+                                "or check train.weight_decay / train.adam_eps, then start a new run")
         data = serialize({
             "tcli": {"kind": self.task.kind, "version": __version__},
             **self.task.checkpoint_meta(),
@@ -348,6 +393,12 @@ class Trainer:
         if best:
             write_atomic(data, self.ckpt_dir / "best.pt")
         write_atomic(data, self.ckpt_dir / "last.pt")
+
+    def _state_dict(self) -> dict[str, Any]:
+        state = self.state
+        return {"step": state.step, "epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
+                "best": state.best, "bad_evals": state.bad_evals, "train_seconds": state.train_seconds,
+                "wall_seconds": self.elapsed()}
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
         self.model.load_state_dict(ckpt["model"])
@@ -404,7 +455,3 @@ def _progress(total: int, initial: int, quiet: bool):
     return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True,
                 disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
 
-
-def say(quiet: bool, message: str) -> None:
-    if not quiet:
-        print(message, file=sys.stderr, flush=True)

@@ -58,6 +58,7 @@ class MetricsLog:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
 
 
 def _clean(value: Any) -> Any:

@@ -1,0 +1,108 @@
+"""Fault injection: SIGKILL at seeded points of a run (steps, evaluations, inside checkpoint and metrics writes,
+the final test evaluation); every resumed run must end bitwise equal to an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import TOY, run_killed, run_tcli
+
+STEPS = 16
+CONFIG = """
+data: {{dir: {data}, src_lang: src, tgt_lang: tgt, train: train, valid: val, test: test, max_len: 60}}
+vocab: {{size: 120}}
+model: {{d_model: 32, heads: 4, ffn_dim: 64, enc_layers: 2, dec_layers: 2, dropout: 0.1}}
+train: {{max_steps: {steps}, max_tokens: 400, accum_steps: 2, lr: 0.003, warmup_steps: 5, precision: fp32,
+        eval_every: 6, save_every: 2, log_every: 2, seed: 3, keep_last: 2}}
+eval: {{beam: 2, max_len_b: 5}}
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> tuple[Path, Path]:
+    """Small toy data, the config, and one uninterrupted run to compare against."""
+    root = tmp_path_factory.mktemp("faults")
+    data = root / "data"
+    data.mkdir()
+    for split, n in (("train", 300), ("val", 20), ("test", 20)):
+        for lang in ("src", "tgt"):
+            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (data / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = root / "tiny.yaml"
+    config.write_text(CONFIG.format(data=data, steps=STEPS))
+    done = run_tcli("train", "--config", str(config), "--out", str(root / "straight"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    return config, root / "straight"
+
+
+def state_of(run: Path) -> dict:
+    return torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+
+
+def assert_same_end(a: Path, b: Path) -> None:
+    """Weights and optimizer state bitwise equal; the same train/eval/test/end events, each once."""
+    sa, sb = state_of(a), state_of(b)
+    for key in sa["model"]:
+        assert torch.equal(sa["model"][key], sb["model"][key]), key
+    for pa, pb in zip(sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values()):
+        for name in pa:
+            assert torch.equal(torch.as_tensor(pa[name]), torch.as_tensor(pb[name])), name
+    assert sa["train_state"]["step"] == sb["train_state"]["step"] == STEPS
+
+    def events(run: Path) -> list[tuple]:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [(e["event"], e["step"]) for e in map(json.loads, lines)]
+
+    assert events(a) == events(b)
+    assert sum(1 for e in events(b) if e[0] == "end") == 1
+    leftovers = [p.name for p in (b / "checkpoints").iterdir() if ".tmp" in p.name]
+    assert not leftovers, leftovers  # temporary files of killed writes are cleaned up
+    assert len(list((b / "tb").glob("events.out.tfevents.*"))) >= 1
+
+
+def seeded_points(n: int, seed: int = 2026) -> list[tuple[str, int]]:
+    """Kill points drawn from a fixed seed; saves happen at even steps, evaluations every 6."""
+    rng = random.Random(seed)
+    points = {("test", 0), ("write", STEPS)}  # always: the final test evaluation and the final save
+    while len(points) < n:
+        where = rng.choice(["step", "replace", "write", "metrics", "eval"])
+        if where in ("replace", "write"):
+            step = rng.choice(range(2, STEPS + 1, 2))
+        elif where == "eval":
+            step = rng.choice([6, 12, STEPS])
+        else:
+            step = rng.randrange(1, STEPS)
+            step += where == "metrics" and step % 2  # train events are logged at even steps
+        points.add((where, step))
+    return sorted(points)
+
+
+@pytest.mark.parametrize("where, step", seeded_points(10), ids=lambda x: str(x))
+def test_sigkill_then_resume_ends_bitwise_equal(tmp_path, setup, where, step):
+    config, straight = setup
+    run = tmp_path / "run"
+    crash = run_killed(step, where, "train", "--config", str(config), "--out", str(run), "--quiet")
+    assert crash.returncode == -signal.SIGKILL, crash.stderr
+    resumed = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_end(straight, run)
+    again = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto")
+    assert again.returncode == 0 and "nothing to do" in again.stderr  # a finished run stays finished
+
+
+def test_kill_before_the_first_checkpoint_starts_over_cleanly(tmp_path, setup):
+    config, straight = setup
+    run = tmp_path / "run"
+    crash = run_killed(2, "write", "train", "--config", str(config), "--out", str(run), "--quiet")
+    assert crash.returncode == -signal.SIGKILL
+    assert not list(run.glob("checkpoints/*.pt")) and '"step": 2' in (run / "metrics.jsonl").read_text()
+    resumed = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_end(straight, run)
+    assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 1

@@ -1,0 +1,359 @@
+"""The run lifecycle's guarantees: one run per directory, nothing overwritten, refused runs change nothing,
+finished runs stay finished, resume refuses changes that would silently alter a run, full disks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import ROOT, TOY, run_tcli
+from .test_train_translate import one_line_error
+
+CONFIG = """
+data: {{dir: {data}, src_lang: src, tgt_lang: tgt, train: train, valid: val, test: test, max_len: 60}}
+vocab: {{size: 120}}
+model: {{d_model: 32, heads: 4, ffn_dim: 64, enc_layers: 1, dec_layers: 1, dropout: 0.1}}
+train: {{max_steps: {steps}, max_tokens: 400, lr: 0.003, warmup_steps: 2, precision: fp32,
+        eval_every: 4, log_every: 2, seed: 3, keep_last: 2}}
+eval: {{beam: 1, max_len_b: 5, bleu: false}}
+"""
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("integrity_data")
+    for split, n in (("train", 200), ("val", 10), ("test", 10)):
+        for lang in ("src", "tgt"):
+            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (out / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def config(tmp_path: Path, data: Path, steps: int = 4, name: str = "tiny.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(CONFIG.format(data=data, steps=steps))
+    return path
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under folder (names and content hashes) but the lock file, which names its last holder:
+    what "nothing changed" means."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def train(cfg: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run_tcli("train", "--config", str(cfg), "--out", str(out), "--quiet", *extra)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, data) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("finished")
+    cfg = config(root, data)
+    result = train(cfg, root / "run")
+    assert result.returncode == 0, result.stderr
+    return cfg, root / "run"
+
+
+# ----------------------------------------------------------------------------- one run per directory
+
+
+def test_second_run_on_a_locked_directory_exits_2_naming_the_holder(tmp_path, data):
+    cfg = config(tmp_path, data, steps=100000)
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "transformer_cli", "train", "--config", str(cfg), "--out",
+                              str(run), "--quiet", "--set", "train.eval_every=100000"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (run / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        before = (run / "config.yaml").read_bytes()
+        second = train(cfg, run, "--resume", "auto")
+        one_line_error(second, str(run), f"PID {first.pid}", "in use")
+        other = train(config(tmp_path, data, steps=3, name="other.yaml"), run)
+        one_line_error(other, f"PID {first.pid}")
+        assert (run / "config.yaml").read_bytes() == before
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    assert first.returncode == 128 + signal.SIGTERM
+    again = train(cfg, run, "--resume", "auto", "--set", "train.max_steps=1")  # the lock died with its process
+    assert again.returncode == 0, again.stderr
+
+
+def test_new_run_never_overwrites_checkpoints_or_user_files(tmp_path, finished_run, data):
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    (copy / "checkpoints" / "last.pt").unlink()
+    before = snapshot(copy)
+    one_line_error(train(cfg, copy), "already holds a run", "best.pt")  # best.pt without last.pt
+    one_line_error(train(cfg, copy, "--resume", "auto"), "no last.pt")
+    assert snapshot(copy) == before
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("my own notes\n")
+    one_line_error(train(cfg, mine), "not a tcli run directory", "config.yaml")
+    assert (mine / "config.yaml").read_text() == "my own notes\n" and len(list(mine.iterdir())) == 1
+
+
+def test_refused_resume_changes_nothing(tmp_path, finished_run):
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    before = snapshot(copy)
+    one_line_error(train(cfg, copy, "--resume", "auto", "--set", "model.ffn_dim=48"), "model.ffn_dim")
+    bert = tmp_path / "bert.yaml"
+    bert.write_text("train: {max_steps: 1}\n")
+    one_line_error(run_tcli("pretrain-bert", "--config", str(bert), "--out", str(copy), "--resume", "auto"),
+                   "holds a translation run")
+    one_line_error(run_tcli("pretrain-bert", "--config", str(bert), "--out", str(copy)), "holds a translation run")
+    assert snapshot(copy) == before
+
+
+@pytest.mark.parametrize("key, value", [
+    ("data.max_len", 50), ("train.max_tokens", 300), ("train.accum_steps", 2), ("train.seed", 4),
+    ("train.pad_to_multiple", 4), ("train.lr", 0.001), ("vocab.size", 100), ("data.src_lang", "tgt"),
+])
+def test_resume_refuses_keys_that_change_the_run(tmp_path, finished_run, key, value):
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    before = snapshot(copy)
+    one_line_error(train(cfg, copy, "--resume", "auto", "--set", f"{key}={value}", "--set", "train.max_steps=6"),
+                   key, "new --out")
+    assert snapshot(copy) == before
+
+
+def test_resume_allows_safe_keys_and_continues(tmp_path, finished_run):
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    more = train(cfg, copy, "--resume", "auto", "--set", "train.max_steps=6", "--set", "train.eval_every=3",
+                 "--set", "train.log_every=1", "--set", "train.patience=5", "--set", "eval.beam=2")
+    assert more.returncode == 0, more.stderr
+    log = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log if e["event"] == "end"] == [6]
+    assert [e["step"] for e in log if e["event"] == "train"] == [2, 4, 5, 6]
+
+
+# ----------------------------------------------------------------------------- finished runs
+
+
+def test_resuming_a_finished_run_changes_nothing(tmp_path, finished_run):
+    cfg, run = finished_run
+    before = snapshot(run)
+    again = run_tcli("train", "--config", str(cfg), "--out", str(run), "--resume", "auto")
+    assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr
+    assert snapshot(run) == before
+
+
+def test_max_epochs_run_does_not_train_an_extra_epoch(tmp_path, data):
+    cfg = config(tmp_path, data)
+    run = tmp_path / "run"
+    first = train(cfg, run, "--set", "train.max_steps=null", "--set", "train.max_epochs=1")
+    assert first.returncode == 0, first.stderr
+    step = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["train_state"]["step"]
+    before = snapshot(run)
+    again = run_tcli("train", "--config", str(cfg), "--out", str(run), "--resume", "auto",
+                     "--set", "train.max_steps=null", "--set", "train.max_epochs=1")
+    assert again.returncode == 0 and f"finished at step {step}" in again.stderr
+    assert snapshot(run) == before
+
+
+# ----------------------------------------------------------------------------- vocabulary and logs
+
+
+def test_vocabulary_is_rebuilt_when_its_settings_change_before_a_checkpoint(tmp_path, data):
+    from .conftest import run_killed
+
+    cfg = config(tmp_path, data, steps=8)
+    run = tmp_path / "run"
+    crash = run_killed(1, "step", "train", "--config", str(cfg), "--out", str(run), "--quiet")
+    assert crash.returncode == -signal.SIGKILL
+    first = (run / "vocab" / "joint.model").read_bytes()
+    restarted = train(cfg, run, "--resume", "auto", "--set", "vocab.size=90", "--set", "train.max_steps=1")
+    assert restarted.returncode == 0, restarted.stderr
+    from transformer_cli.vocab import Vocab
+
+    vocab = Vocab.load(run / "vocab" / "joint.model")
+    assert vocab.model_bytes != first and len(vocab) == 90
+    assert "size: 90" in (run / "config.yaml").read_text()
+    stored = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["vocab"]["joint"]
+    assert stored == vocab.model_bytes
+
+
+def test_stale_temporary_files_are_removed_on_resume(tmp_path, finished_run):
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    stale = copy / "checkpoints" / ".last.pt.tmp99999"
+    stale.write_bytes(b"x" * 1000)
+    more = train(cfg, copy, "--resume", "auto", "--set", "train.max_steps=5")
+    assert more.returncode == 0, more.stderr
+    assert not stale.exists()
+
+
+# ----------------------------------------------------------------------------- bad numbers and divergence
+
+
+def test_a_diverging_run_stops_with_one_line_and_no_nan_best(tmp_path, data):
+    cfg = config(tmp_path, data, steps=30)
+    run = tmp_path / "run"
+    result = train(cfg, run, "--set", "train.weight_decay=1e30", "--set", "train.warmup_steps=0")
+    one_line_error(result, "diverged")
+    for ckpt in run.glob("checkpoints/*.pt"):
+        weights = torch.load(ckpt, weights_only=True)["model"]
+        assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point()), ckpt
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("train.weight_decay=.inf", "train.weight_decay"), ("train.adam_eps=.inf", "train.adam_eps"),
+    ("train.lr=.nan", "train.lr"), ("model.ffn_dim=1e12", "model.ffn_dim"),
+    ("model.max_positions=1e12", "model.max_positions"), ("train.pad_to_multiple=1000", "pad_to_multiple"),
+    ("train.seed=1e30", "train.seed"), ("eval.max_len_a=.inf", "eval.max_len_a"), ("eval.beam=100000", "eval.beam"),
+])
+def test_values_that_make_no_sense_are_one_line_errors(tmp_path, data, override, fragment):
+    cfg = config(tmp_path, data)
+    one_line_error(train(cfg, tmp_path / "run", "--set", override), fragment)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_too_large_for_memory_is_refused_before_allocating(tmp_path, data):
+    cfg = config(tmp_path, data)
+    result = train(cfg, tmp_path / "run", "--set", "model.d_model=65536", "--set", "model.heads=1",
+                   "--set", "model.ffn_dim=1048576", "--set", "model.enc_layers=100")
+    one_line_error(result, "parameters", "GiB")
+
+
+# ----------------------------------------------------------------------------- full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 6 MB tmpfs (root only; skipped where mounting is not allowed)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.decode().strip()[:80]}); needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def fill(folder: Path, leave: int) -> Path:
+    """Fill the file system of `folder` up to `leave` free bytes."""
+    filler = folder / "filler"
+    free = shutil.disk_usage(folder).free
+    filler.write_bytes(b"\0" * max(free - leave, 0))
+    return filler
+
+
+def test_full_disk_mid_run_keeps_last_checkpoint_and_resumes_once_freed(tmp_path, data, small_disk):
+    cfg = config(tmp_path, data, steps=12)
+    run = small_disk / "run"
+    first = train(cfg, run, "--set", "train.max_steps=2", "--set", "train.eval_every=2")
+    assert first.returncode == 0, first.stderr
+    size = (run / "checkpoints" / "last.pt").stat().st_size
+    filler = fill(small_disk, size // 2)  # room for half a checkpoint
+    before = (run / "checkpoints" / "last.pt").read_bytes()
+    full = train(cfg, run, "--resume", "auto", "--set", "train.eval_every=2")
+    one_line_error(full, "no space left")
+    assert (run / "checkpoints" / "last.pt").read_bytes() == before
+    assert not [p for p in run.rglob("*") if ".tmp" in p.name]
+    filler.unlink()
+    resumed = train(cfg, run, "--resume", "auto", "--set", "train.eval_every=2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["train_state"]["step"] == 12
+
+
+def test_starting_on_a_full_disk_is_one_line_and_leaves_no_empty_files(tmp_path, data, small_disk):
+    cfg = config(tmp_path, data)
+    fill(small_disk, 0)
+    run = small_disk / "run"
+    one_line_error(train(cfg, run), "no space left")
+    assert not any(p.is_file() and p.stat().st_size == 0 and p.name != ".lock" for p in run.rglob("*"))
+
+
+# ----------------------------------------------------------------------------- data and translate edges
+
+
+def test_cr_only_files_and_tiny_corpora_train(tmp_path):
+    folder = tmp_path / "cr"
+    folder.mkdir()
+    for split, n in (("train", 40), ("val", 5), ("test", 5)):
+        for lang in ("src", "tgt"):
+            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (folder / f"{split}.{lang}").write_bytes(("\r".join(lines) + "\r").encode())
+    cfg = config(tmp_path, folder, steps=2)
+    result = train(cfg, tmp_path / "run", "--set", "vocab.size=100")
+    assert result.returncode == 0, result.stderr
+
+
+def test_blank_validation_split_is_named(tmp_path, data):
+    folder = tmp_path / "blank"
+    shutil.copytree(data, folder)
+    (folder / "val.src").write_text("\n\n\n")
+    (folder / "val.tgt").write_text("\n\n\n")
+    one_line_error(train(config(tmp_path, folder), tmp_path / "run"), "val: no sentence pairs left", "empty side")
+
+
+def test_translate_warns_about_lines_longer_than_the_positions(tmp_path, finished_run):
+    _, run = finished_run
+    ckpt = run / "checkpoints" / "last.pt"
+    long_line = " ".join(["the white dog"] * 800)
+    out = run_tcli("translate", "--checkpoint", str(ckpt), "--beam", "1", "--quiet",
+                   input=f"a dog\n{long_line}\n")
+    assert out.returncode == 0, out.stderr
+    assert "line 2:" in out.stderr and "max_positions" in out.stderr and "line 1:" not in out.stderr
+    assert len(out.stdout.splitlines()) == 2
+
+
+def test_translate_checks_output_paths_before_decoding(tmp_path, finished_run):
+    _, run = finished_run
+    ckpt = str(run / "checkpoints" / "last.pt")
+    missing = tmp_path / "no" / "such" / "dir"
+    one_line_error(run_tcli("translate", "--checkpoint", ckpt, "--output", str(missing / "out.txt"), input="a\n"),
+                   "--output", "does not exist")
+    one_line_error(run_tcli("translate", "--checkpoint", ckpt, "--stats-json", str(missing / "s.json"), input="a\n"),
+                   "--stats-json")
+    one_line_error(run_tcli("translate", "--checkpoint", ckpt, "--output", str(tmp_path), input="a\n"),
+                   "is a directory")
+
+
+def test_yaml_traps_are_one_line_errors(tmp_path, data):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(CONFIG.format(data=data, steps=2) + "train: {max_steps: 3}\n")
+    one_line_error(train(dup, tmp_path / "r1"), "appears twice", "lines 5 and 8")
+    laughs = tmp_path / "laughs.yaml"
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        prev, name = chr(ord("a") + i - 1), chr(ord("a") + i)
+        levels.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    laughs.write_text("\n".join(levels) + "\n")
+    start = time.perf_counter()
+    result = train(laughs, tmp_path / "r2")
+    one_line_error(result, "aliases")
+    assert time.perf_counter() - start < 30 and len(result.stderr) < 1000
+
+
+def test_language_codes_and_split_names_stay_strings(tmp_path):
+    from transformer_cli.config import TranslationRunConfig, load_config
+
+    path = tmp_path / "no.yaml"
+    path.write_text("data: {src_lang: no, tgt_lang: on, test: 2016}\ntrain: {max_steps: 1, compile: no}\n")
+    cfg = load_config(TranslationRunConfig, path)
+    assert (cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.test, cfg.train.compile) == ("no", "on", "2016", False)
+    assert load_config(TranslationRunConfig, None, ["data.src_lang=no", "train.max_steps=1"]).data.src_lang == "no"
+

@@ -1,0 +1,350 @@
+"""The run lifecycle every task shares: the run directory and its lock, config.yaml, the vocabulary,
+resume checks, and the end of a run. A task (translation, BERT) only says what differs: how it reads
+its data, trains its vocabulary and builds its model (`TaskSetup`).
+
+The order is what makes the guarantees: lock the directory; read and check everything (the checkpoint
+to resume, the config against it, the data, the memory the model needs); only then write (config.yaml,
+the vocabulary, the logs); then train. A refused run changes nothing on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+from transformer_cli import __version__
+from transformer_cli.checkpoint import Checkpoint, read_checkpoint, remove_stale_temporaries, write_atomic
+from transformer_cli.config import dump_config
+from transformer_cli.errors import UserError
+from transformer_cli.vocab import Vocab
+
+MARKER = "run.json"  # names a tcli run directory: kind, version, status
+LOCK = ".lock"
+OWN_ENTRIES = {MARKER, LOCK, "config.yaml", "vocab", "checkpoints", "metrics.jsonl", "tb"}
+
+# Keys that may differ when a run is resumed: they change neither the model, the vocabulary, nor the order
+# in which the data are fed (which the checkpoint's saved position refers to). Everything else is refused.
+SAFE_ON_RESUME = frozenset({
+    "data.dir",  # the training files are compared by their hash, wherever they are
+    "data.test",
+    "train.max_steps", "train.max_epochs", "train.max_minutes",
+    "train.eval_every", "train.save_every", "train.log_every", "train.keep_last", "train.patience",
+    "train.average_last", "train.compile", "train.precision",
+    "eval.beam", "eval.lenpen", "eval.max_len_a", "eval.max_len_b", "eval.max_tokens",
+})
+
+
+def say(quiet: bool, message: str) -> None:
+    if not quiet:
+        print(message, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- the run directory
+
+
+class RunDirectory:
+    """`--out DIR`: refuses a folder that holds anything but a tcli run of this kind, and holds an exclusive
+    lock (fcntl.flock on DIR/.lock, released by the OS however the process ends) for the whole run."""
+
+    def __init__(self, path: Path, kind: str):
+        self.path, self.kind = Path(path), kind
+        self.ckpt_dir = self.path / "checkpoints"
+        self._lock_fd: int | None = None
+        self._created = False  # this process made the directory: a refused run removes it again
+        self.started = False
+
+    # -- guard and lock
+
+    def acquire(self) -> None:
+        self._guard()
+        self._created = not self.path.exists()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"cannot create the run directory {self.path}: {e.strerror}") from None
+        if not _try_lock(fd):
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise UserError(f"{self.path} is in use by another tcli run (PID {holder}); wait for it to end "
+                            "or choose another --out")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def release(self) -> None:
+        """Give the lock back; a run refused before it started leaves no directory it made itself."""
+        if self._lock_fd is None:
+            return
+        if self._created and not self.started:
+            (self.path / LOCK).unlink(missing_ok=True)
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass
+        os.close(self._lock_fd)  # the lock file stays; its lock goes with the descriptor
+        self._lock_fd = None
+
+    def _guard(self) -> None:
+        if not self.path.exists():
+            return
+        if not self.path.is_dir():
+            raise UserError(f"--out {self.path} is a file, not a directory")
+        entries = {p.name for p in self.path.iterdir()}
+        marker = self._marker()
+        if marker is not None:
+            if marker.get("kind") != self.kind:
+                raise UserError(f"{self.path} holds a {marker.get('kind')} run, not a {self.kind} run; "
+                                "choose another --out")
+            return
+        legacy = "checkpoints" in entries or "metrics.jsonl" in entries
+        foreign = sorted(entries - OWN_ENTRIES)
+        if entries and (foreign or not legacy):
+            shown = ", ".join((foreign or sorted(entries))[:3])
+            raise UserError(f"--out {self.path} is not empty and is not a tcli run directory (it holds {shown}"
+                            f"{', ...' if len(entries) > 3 else ''}); choose a new or empty directory")
+        if legacy and (self.ckpt_dir / "last.pt").is_file():
+            found = read_checkpoint(self.ckpt_dir / "last.pt").kind
+            if found != self.kind:
+                raise UserError(f"{self.path} holds a {found} run, not a {self.kind} run; choose another --out")
+
+    # -- what the directory holds
+
+    def _marker(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self.path / MARKER).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def checkpoints(self) -> list[Path]:
+        return sorted(self.ckpt_dir.glob("*.pt")) if self.ckpt_dir.is_dir() else []
+
+    def finished_step(self) -> int | None:
+        """The step at which this run's end was logged (test scores, end event), or None."""
+        marker = self._marker() or {}
+        return marker.get("finished_step") if marker.get("status") == "finished" else None
+
+    # -- writing (only after every check has passed)
+
+    def start(self, cfg: Any, fresh: bool) -> None:
+        """Clean what a killed process left, reset the logs of a run that starts over, write config.yaml."""
+        self.started = True
+        for folder in (self.path, self.ckpt_dir, self.path / "vocab"):
+            remove_stale_temporaries(folder)
+        if fresh:  # a run killed before its first checkpoint starts over: no duplicate steps in the logs
+            (self.path / "metrics.jsonl").unlink(missing_ok=True)
+            shutil.rmtree(self.path / "tb", ignore_errors=True)
+        self._write_marker("running")
+        write_atomic(dump_config(cfg).encode("utf-8"), self.path / "config.yaml")
+
+    def finish(self, step: int) -> None:
+        self._write_marker("finished", finished_step=step)
+
+    def _write_marker(self, status: str, **extra: Any) -> None:
+        data = {"tcli": __version__, "kind": self.kind, "status": status, **extra}
+        write_atomic((json.dumps(data, indent=1) + "\n").encode(), self.path / MARKER)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, as before
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _read_pid(fd: int) -> str:
+    try:
+        return os.pread(fd, 32, 0).decode().strip() or "unknown"
+    except (OSError, UnicodeDecodeError):
+        return "unknown"
+
+
+# ----------------------------------------------------------------------------- resume checks
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_resume_config(stored: dict[str, Any], new: dict[str, Any], path: Path) -> None:
+    """Refuse a resume whose config changes anything but SAFE_ON_RESUME, naming the key and both values."""
+    old, now = flatten(stored), flatten(new)
+    changed = [k for k in now if old.get(k, now[k]) != now[k] and k not in SAFE_ON_RESUME]
+    if changed:
+        key = changed[0]
+        why = {"model": "the model", "vocab": "the vocabulary"}.get(key.split(".")[0], "what the saved data "
+                                                                      "position and optimizer state mean")
+        more = f" (and {', '.join(changed[1:3])}{', ...' if len(changed) > 3 else ''})" if len(changed) > 1 else ""
+        raise UserError(f"cannot resume {path} with {key} changed ({old[key]!r} -> {now[key]!r}){more}: it changes "
+                        f"{why}; keep the old value or use a new --out (keys that may change on resume: "
+                        "max_steps, max_epochs, max_minutes, eval_every, save_every, log_every, keep_last, "
+                        "patience, eval.*; see the README)")
+
+
+def stop_reason(cfg: Any, train_state: dict[str, Any]) -> str | None:
+    """Why a run in `train_state` has nothing left to train under the train config `cfg`, or None."""
+    if cfg.max_steps and train_state["step"] >= cfg.max_steps:
+        return "max_steps"
+    if cfg.max_epochs and train_state["epoch"] >= cfg.max_epochs:
+        return "max_epochs"
+    if cfg.max_minutes is not None and train_state["wall_seconds"] >= 60 * cfg.max_minutes:
+        return "max_minutes"
+    if cfg.patience and train_state["bad_evals"] >= cfg.patience:
+        return "early_stopping"
+    return None
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_training_memory(parameters: int, extra_elements: int, device: Any) -> None:
+    """Refuse, before allocating, a model whose weights, gradients and AdamW moments (16 bytes a parameter)
+    cannot fit in the device's memory."""
+    need = 16 * parameters + 4 * extra_elements
+    if device.type == "cuda":
+        import torch
+
+        have = torch.cuda.get_device_properties(device).total_memory
+    else:
+        have = physical_memory_bytes()
+    if have is not None and need > have:
+        raise UserError(f"the model has {parameters:,} parameters: training needs at least {need / 2**30:,.1f} GiB "
+                        f"for weights, gradients and optimizer state, more than the {have / 2**30:,.1f} GiB of "
+                        f"{device.type}; make model.d_model, ffn_dim or the layer count smaller")
+
+
+# ----------------------------------------------------------------------------- the lifecycle
+
+
+class TaskSetup(Protocol):
+    """What a task tells the runner: its data, its vocabulary, its model."""
+
+    kind: str  # "translation" | "bert"
+
+    def read_data(self) -> None: ...  # read and check the raw data (before anything is written)
+    def data_fingerprint(self) -> str: ...  # a hash of the training files
+    def count_parameters(self) -> tuple[int, int]: ...  # (parameters, other elements) from the config
+    def vocab_files(self) -> list[str]: ...  # names of the vocabulary's .model files, e.g. ["joint"]
+    def vocab_settings(self) -> dict[str, Any]: ...  # what the vocabulary was built from
+    def train_vocabs(self, quiet: bool) -> list[Vocab]: ...
+    def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Vocab]: ...
+    def make_task(self, vocabs: list[Vocab], quiet: bool) -> Any: ...  # encode data, build model -> Task
+
+
+def run_training(setup: TaskSetup, cfg: Any, run_dir: Path, device: str = "auto", resume: bool = False,
+                 quiet: bool = False) -> dict[str, Any]:
+    """Train a run from its config, start to end, with every guarantee of the README's "What tcli
+    guarantees"; returns the end event."""
+    from transformer_cli.train.loop import Trainer, resume_requested
+    from transformer_cli.train.runtime import Runtime
+
+    runtime = Runtime.create(device, cfg.train.precision)
+    quiet, resume = quiet or not runtime.is_main, resume_requested(resume)
+    directory = RunDirectory(run_dir, setup.kind)
+    try:
+        if runtime.is_main:
+            directory.acquire()
+        ckpt = _checkpoint_to_resume(directory, resume, quiet)
+        finished = None
+        if ckpt is not None:
+            check_resume_config(ckpt.state["config"], cfg.model_dump(mode="json"), ckpt.path)
+            if ckpt.state.get("data_fingerprint") != setup.data_fingerprint():
+                raise UserError(f"the training data differ from those {ckpt.path} was trained on; resume with the "
+                                "same files or use a new --out")
+            finished = stop_reason(cfg.train, ckpt.state["train_state"])
+            step = ckpt.state["train_state"]["step"]
+            if finished and directory.finished_step() == step:
+                say(quiet, f"{run_dir} finished at step {step} ({finished}); nothing to do")
+                return {"event": "end", "step": step, "stop": finished, "already_finished": True}
+        check_training_memory(*setup.count_parameters(), runtime.device)
+        setup.read_data()
+        if runtime.is_main:
+            directory.start(cfg, fresh=ckpt is None)
+            say(quiet, f"run directory {run_dir}; {runtime.describe()}")
+            vocabs = prepare_vocab(directory, setup, ckpt, quiet)
+        runtime.barrier()
+        if not runtime.is_main:
+            vocabs = [Vocab.load(directory.path / "vocab" / f"{name}.model") for name in setup.vocab_files()]
+        task = setup.make_task(vocabs, quiet)
+        trainer = Trainer(task, cfg.train, run_dir, runtime, quiet)
+        if ckpt is not None:
+            trainer.restore(ckpt)
+        end = trainer.run(finished=finished)
+        if runtime.is_main:
+            directory.finish(end["step"])
+        return end
+    finally:
+        directory.release()
+        runtime.shutdown()
+
+
+def _checkpoint_to_resume(directory: RunDirectory, resume: bool, quiet: bool) -> Checkpoint | None:
+    last = directory.ckpt_dir / "last.pt"
+    saved = directory.checkpoints()
+    if not resume:
+        if saved:
+            names = ", ".join(p.name for p in saved[:3])
+            raise UserError(f"{directory.path} already holds a run ({names}); resume it with --resume auto "
+                            "or choose another --out")
+        return None
+    if last.is_file():
+        return read_checkpoint(last, kind=directory.kind)
+    if saved:
+        raise UserError(f"{directory.path} holds {saved[0].name} but no last.pt, so the run cannot be resumed; "
+                        "choose another --out (or start from a copy of it with tcli average / export)")
+    say(quiet, f"no {last} yet: starting a new run")
+    return None
+
+
+def prepare_vocab(directory: RunDirectory, setup: TaskSetup, ckpt: Checkpoint | None, quiet: bool) -> list[Vocab]:
+    """The run's vocabulary: the checkpoint's when resuming; else the one in the run directory if it was built
+    from the same settings and data (vocab/vocab.json says so); else a new one, saved with those settings."""
+    folder = directory.path / "vocab"
+    paths = [folder / f"{name}.model" for name in setup.vocab_files()]
+    meta_path = folder / "vocab.json"
+    settings = setup.vocab_settings()
+    if ckpt is not None:
+        vocabs = setup.vocabs_from_checkpoint(ckpt)
+    else:
+        vocabs = None
+        if all(p.is_file() for p in paths) and _read_json(meta_path) == settings:
+            vocabs = [Vocab.load(p) for p in paths]
+        if vocabs is None:
+            vocabs = setup.train_vocabs(quiet)
+    for vocab, path in zip(vocabs, paths):
+        if not path.is_file() or path.read_bytes() != vocab.model_bytes:
+            write_atomic(vocab.model_bytes, path)
+    if ckpt is None or not meta_path.is_file():
+        write_atomic((json.dumps(settings, indent=1, sort_keys=True) + "\n").encode(), meta_path)
+    return vocabs
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
