@@ -17,6 +17,7 @@ from transformer_cli.params import count_config, preset_config
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_check  # noqa: E402
+import gpu_measure  # noqa: E402
 
 GPU_SECTIONS = ["device", "train_translation_base", "train_bert_base", "train_bert_large", "decode_beam5"]
 
@@ -74,13 +75,13 @@ def test_flops_match_count_params():
     bert = count_config(preset_config("bert-base"))
     assert bert["total"] == 110_106_428
     H, L, V, F, P = 768, 12, 30522, 3072, 512
-    flops = gpu_check.bert_train_flops(H, F, L, V, tokens=n, seq_len=128, masked=n, sequences=n)
+    flops = gpu_measure.bert_train_flops(H, F, L, V, tokens=n, seq_len=128, masked=n, sequences=n)
     lookups = (P + 2) * H + 2 * H  # position and segment tables, embedding LayerNorm (the token table is the decoder)
     assert flops["dense"] == 6 * (bert["total"] - lookups) * n
     assert flops["attention"] == 12 * L * H * 128 * n
 
     nmt = count_config(preset_config("transformer-base", ["vocab.size=32000"]))
-    flops = gpu_check.translation_train_flops(512, 2048, 6, 6, 32000, n, n, 48, 40)
+    flops = gpu_measure.translation_train_flops(512, 2048, 6, 6, 32000, n, n, 48, 40)
     assert flops["dense"] == 6 * nmt["total"] * n
     assert flops["attention"] == 12 * 512 * (6 * 48 * n + 6 * (40 + 48) * n)
 
@@ -88,20 +89,20 @@ def test_flops_match_count_params():
 def test_bert_base_step_flops_and_mfu_by_hand():
     """BERT-base, 256 x 128 tokens, 20 masked per sequence: the numbers behind an MFU figure."""
     tokens, masked, rows = 256 * 128, 256 * 20, 256
-    flops = gpu_check.bert_train_flops(768, 3072, 12, 30522, tokens, 128, masked, rows)
+    flops = gpu_measure.bert_train_flops(768, 3072, 12, 30522, tokens, 128, masked, rows)
     layer = 12 * 768**2 + 13 * 768  # F = 4H
     head = 768**2 + 3 * 768 + 30522 * 768 + 30522
     pooler_nsp = 768**2 + 768 + 2 * 768 + 2
     assert flops["dense"] == 6 * (12 * layer * tokens + head * masked + pooler_nsp * rows)
     assert flops["total"] == pytest.approx(1.79e13, rel=1e-2)  # 17.9 TFLOP per step
-    assert gpu_check.mfu(flops["total"], 0.01, 989.0) == pytest.approx(flops["total"] / 0.01 / 989e12)
-    assert gpu_check.mfu(flops["total"], 0.01, None) is None
-    shorthand = gpu_check.simple_6nd_flops(110_106_428, tokens, 12, 768, 128)
+    assert gpu_measure.mfu(flops["total"], 0.01, 989.0) == pytest.approx(flops["total"] / 0.01 / 989e12)
+    assert gpu_measure.mfu(flops["total"], 0.01, None) is None
+    shorthand = gpu_measure.simple_6nd_flops(110_106_428, tokens, 12, 768, 128)
     assert shorthand > flops["total"]  # the vocabulary projection charged at every position
 
 
 def test_peak_table():
-    peak = gpu_check.table_peak_tflops
+    peak = gpu_measure.table_peak_tflops
     assert peak("NVIDIA H200") == peak("NVIDIA H100 80GB HBM3") == peak("NVIDIA GH200 480GB") == 989.0
     assert peak("NVIDIA H100 PCIe") == 756.0 and peak("NVIDIA H200 NVL") == 835.0
     assert peak("NVIDIA A100-SXM4-80GB") == peak("NVIDIA A100 80GB PCIe") == 312.0
@@ -111,15 +112,15 @@ def test_peak_table():
 
 def test_tiny_training_and_decoding_on_cpu():
     """The measurement functions a GPU run calls, with tiny models on the CPU: they train and decode."""
-    bert = gpu_check.measure_bert("cpu", vocab=256, batch=8, seq_len=32, masked=5, warmup=1, steps=2,
+    bert = gpu_measure.measure_bert("cpu", vocab=256, batch=8, seq_len=32, masked=5, warmup=1, steps=2,
                                   overrides=gpu_check.TINY_BERT, precision="bf16", peak_tflops=0.5)
     assert bert["steps_timed"] == 2 and bert["batches_tried"] == [8] and bert["loss_finite"]
     assert bert["tokens_per_s"] == pytest.approx(32 * bert["sequences_per_s"], rel=1e-2)
     assert bert["mfu"] > 0 and bert["precision"] == "bf16" and bert["peak_memory_allocated_gib"] is None
-    nmt = gpu_check.measure_translation("cpu", vocab=256, batch=8, src_len=12, tgt_len=10, warmup=1, steps=2,
+    nmt = gpu_measure.measure_translation("cpu", vocab=256, batch=8, src_len=12, tgt_len=10, warmup=1, steps=2,
                                         overrides=gpu_check.TINY_NMT, precision="fp32", peak_tflops=0.5)
     assert nmt["tgt_tokens_per_step"] == 80 and nmt["loss_finite"] and nmt["mfu"] > 0
-    dec = gpu_check.measure_decode("cpu", vocab=256, batch=4, src_len=8, out_len=6, reps=1,
+    dec = gpu_measure.measure_decode("cpu", vocab=256, batch=4, src_len=8, out_len=6, reps=1,
                                    overrides=gpu_check.TINY_NMT, precision="fp32")
     assert dec["all_full_length"] and dec["decoded_tokens"] == 4 * 6 and dec["tokens_per_s"] > 0
 
@@ -130,13 +131,13 @@ def test_out_of_memory_halves_the_batch():
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return {"batch": batch}
 
-    assert gpu_check._fit_batch(run, 256, torch.device("cpu")) == {"batch": 64, "batches_tried": [256, 128, 64]}
+    assert gpu_measure._fit_batch(run, 256, torch.device("cpu")) == {"batch": 64, "batches_tried": [256, 128, 64]}
 
     def broken(batch: int) -> dict:
         raise RuntimeError("shape mismatch")
 
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        gpu_check._fit_batch(broken, 256, torch.device("cpu"))
+        gpu_measure._fit_batch(broken, 256, torch.device("cpu"))
 
 
 def test_pytest_output_parsing():
