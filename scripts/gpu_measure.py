@@ -215,11 +215,86 @@ def _train_setup(preset: str, overrides: list[str], vocab: int, device: torch.de
     return cfg, runtime
 
 
+def _optional(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """An extra measurement that must not fail its section: its error is recorded in its place."""
+    try:
+        return measure()
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def profile_steps(step: Callable[[], torch.Tensor], device: torch.device, steps: int = 3,
+                  top: int = 15) -> dict[str, Any]:
+    """torch.profiler over a few training steps: the operators with the most self time (GPU time on CUDA),
+    per step, and the profiler's table, whose footer gives the total CPU and GPU self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    wall = time.perf_counter() - t0
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
+    rows = [{"name": e.key, "calls_per_step": e.count / steps,
+             "self_ms_per_step": round(getattr(e, key) / 1000 / steps, 3)} for e in events]
+    return {"steps": steps, "sorted_by": key, "wall_ms_per_step_profiled": round(1000 * wall / steps, 2),
+            "top": rows, "table": prof.key_averages().table(sort_by=key, row_limit=top)}
+
+
+def measure_loss(device: str | torch.device, rows: int, vocab: int, label_smoothing: float = 0.1,
+                 reps: int = 10) -> dict[str, Any]:
+    """Forward + backward of the label-smoothed loss on (rows, vocab) bf16 logits: tcli's fused loss as the
+    models run it (its softmax goes a CPU-cache-sized chunk of rows at a time, one kernel sequence per
+    chunk), the same as one chunk, and torch's F.cross_entropy. On a GPU the chunk loop may cost more in
+    kernel launches than it saves; this says whether it does."""
+    import torch.nn.functional as F
+
+    from transformer_cli.models import losses
+
+    device = torch.device(device)
+    logits = torch.randn(rows, vocab, device=device, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, vocab, (rows,), device=device)
+
+    def tcli_loss() -> None:
+        losses.smoothed_cross_entropy(logits, target, label_smoothing).loss.backward()
+
+    def torch_loss() -> None:
+        F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing, reduction="sum").backward()
+
+    def ms(fn: Callable[[], None]) -> float:
+        for _ in range(2):
+            fn()
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        _sync(device)
+        logits.grad = None
+        return round(1000 * (time.perf_counter() - t0) / reps, 3)
+
+    result: dict[str, Any] = {"rows": rows, "vocab": vocab, "tcli_chunked_ms": ms(tcli_loss)}
+    chunk = getattr(losses, "_CHUNK_ELEMENTS", None)
+    if chunk is not None:
+        result["chunk_rows"] = max(1, chunk // vocab)
+        losses._CHUNK_ELEMENTS = rows * vocab
+        try:
+            result["tcli_one_chunk_ms"] = ms(tcli_loss)
+        finally:
+            losses._CHUNK_ELEMENTS = chunk
+    result["torch_cross_entropy_fp32_ms"] = ms(torch_loss)
+    return result
+
+
 def measure_translation(device: str | torch.device = "cuda", preset: str = "transformer-base", vocab: int = 32000,
                         batch: int = 256, src_len: int = 48, tgt_len: int = 48, warmup: int = 5, steps: int = 20,
                         overrides: list[str] | None = None, precision: str = "bf16",
                         peak_tflops: float | None = None, budget_s: float | None = None,
-                        seed: int = 0) -> dict[str, Any]:
+                        seed: int = 0, loss_check: bool = False) -> dict[str, Any]:
     """Training throughput of tcli's Transformer on synthetic batches of batch x src_len -> tgt_len tokens."""
     from transformer_cli.models.builders import build_transformer
     from transformer_cli.train.optim import build_optimizer
@@ -268,6 +343,9 @@ def measure_translation(device: str | torch.device = "cuda", preset: str = "tran
                 "loss_first_last": [round(x, 4) for x in losses], "loss_finite": all(map(math.isfinite, losses))}
 
     result = _fit_batch(run, batch, device)
+    if loss_check:
+        rows = result["tgt_tokens_per_step"]
+        result["loss_fwd_bwd"] = _optional(lambda: measure_loss(device, rows, vocab, cfg.train.label_smoothing))
     sizes = {k: getattr(m, k) for k in ("d_model", "heads", "ffn_dim", "enc_layers", "dec_layers", "norm")}
     return {"model": f"{preset} ({sizes}), vocabulary {vocab}, shared embeddings and tied output",
             "parameters": params, "precision": runtime.precision, "device": str(device), "warmup_steps": warmup,
@@ -297,7 +375,7 @@ def _bert_batch(rows: int, seq_len: int, masked: int, vocab: int, generator: tor
 def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base", vocab: int = 30522,
                  batch: int = 256, seq_len: int = 128, masked: int = 20, warmup: int = 5, steps: int = 20,
                  overrides: list[str] | None = None, precision: str = "bf16", peak_tflops: float | None = None,
-                 budget_s: float | None = None, seed: int = 0) -> dict[str, Any]:
+                 budget_s: float | None = None, seed: int = 0, profile: bool = False) -> dict[str, Any]:
     """Pretraining throughput (MLM + NSP) of tcli's BERT on synthetic batches of batch x seq_len tokens."""
     from transformer_cli.models.builders import build_bert
     from transformer_cli.train.optim import build_optimizer
@@ -331,7 +409,7 @@ def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base",
         flops = bert_train_flops(m.d_model, m.ffn_dim, m.layers, vocab, tokens, seq_len, n_masked, rows)
         simple = simple_6nd_flops(params, tokens, m.layers, m.d_model, seq_len)
         per_step = seconds / max(done, 1)
-        return {"batch_sequences": rows, "tokens_per_step": tokens, "masked_per_sequence": masked,
+        result = {"batch_sequences": rows, "tokens_per_step": tokens, "masked_per_sequence": masked,
                 "steps_timed": done, "step_ms": round(1000 * per_step, 2),
                 "tokens_per_s": round(tokens / per_step, 1), "sequences_per_s": round(rows / per_step, 1),
                 **_memory(device), "model_flops_per_step": flops,
@@ -339,6 +417,9 @@ def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base",
                 "mfu": _round(mfu(flops["total"], per_step, peak_tflops)),
                 "simple_6ND_flops_per_step": simple, "mfu_simple_6ND": _round(mfu(simple, per_step, peak_tflops)),
                 "loss_first_last": [round(x, 4) for x in losses], "loss_finite": all(map(math.isfinite, losses))}
+        if profile:  # after the timing and the memory reading, which it would disturb
+            result["profile"] = _optional(lambda: profile_steps(step, device))
+        return result
 
     result = _fit_batch(run, batch, device)
     sizes = {k: getattr(m, k) for k in ("d_model", "layers", "heads", "ffn_dim")}
@@ -401,6 +482,17 @@ def measure_decode(device: str | torch.device = "cuda", preset: str = "transform
             "counted": "tokens of the best hypothesis of each sentence, EOS included (as tcli translate's stats)"}
 
 
+def resolve_peak(device: str | torch.device, matmul_n: int = 8192) -> tuple[float, str]:
+    """The bf16 peak MFU is taken against, and where it comes from: the datasheet table, else a matmul."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        table = table_peak_tflops(name)
+        if table:
+            return table, f"datasheet bf16 dense ({name}; table in scripts/gpu_measure.py)"
+    return round(matmul_tflops(device, n=matmul_n), 3), f"measured {matmul_n}^3 bf16 matmul"
+
+
 def measure_device(device: str | torch.device = "cuda", matmul_n: int = 8192) -> dict[str, Any]:
     """The GPU, its datasheet bf16 peak (if known) and a measured bf16 matmul; which peak MFU uses."""
     device = torch.device(device)
@@ -410,12 +502,14 @@ def measure_device(device: str | torch.device = "cuda", matmul_n: int = 8192) ->
                 "peak_tflops": measured, "peak_source": f"measured {matmul_n}^3 bf16 matmul"}
     props = torch.cuda.get_device_properties(device)
     table = table_peak_tflops(props.name)
+    if table:
+        peak, source = table, "datasheet bf16 dense (table in scripts/gpu_measure.py)"
+    else:
+        peak, source = measured, f"measured {matmul_n}^3 bf16 matmul (the device is not in the table)"
     return {"name": props.name, "capability": f"{props.major}.{props.minor}",
             "memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count,
             "bf16_supported": torch.cuda.is_bf16_supported(), "table_bf16_dense_tflops": table,
-            "measured_bf16_matmul_tflops": measured, "peak_tflops": table or measured,
-            "peak_source": ("datasheet bf16 dense (table in scripts/gpu_check.py)" if table
-                            else f"measured {matmul_n}^3 bf16 matmul (device not in the table)")}
+            "measured_bf16_matmul_tflops": measured, "peak_tflops": peak, "peak_source": source}
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:
