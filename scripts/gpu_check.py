@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -245,11 +246,22 @@ def default_out() -> Path:
     return Path("gpu_check.json")
 
 
+def strict_json(value: Any) -> Any:
+    """JSON has no NaN or infinity (a diverged loss): such numbers become the strings 'nan', 'inf'."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def write_report(report: dict[str, Any], path: Path) -> None:
     """Atomically, after every section: a check cut short still leaves the sections done so far."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.write_text(json.dumps(strict_json(report), indent=1, allow_nan=False) + "\n")
     os.replace(tmp, path)
 
 

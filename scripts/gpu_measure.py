@@ -206,7 +206,7 @@ def _fit_batch(run: Callable[[int], dict[str, Any]], batch: int, device: torch.d
 
 
 def _train_setup(preset: str, overrides: list[str], vocab: int, device: torch.device, precision: str):
-    """A count-params preset's run config, tcli's Runtime, and its fused AdamW (built by the caller's model)."""
+    """The run config of a count-params preset (with --set style overrides) and tcli's Runtime."""
     from transformer_cli.params import preset_config
     from transformer_cli.train.runtime import Runtime
 

@@ -151,3 +151,14 @@ def test_pytest_output_parsing():
     assert gpu_check.parse_pytest_summary(out) == {"failed": 1, "passed": 5, "skipped": 1, "pytest_seconds": 12.34}
     progress = "..s.. [ 10%]\n.....F [ 20%]\n"
     assert gpu_check.progress_counts(progress) == {"passed": 9, "failed": 1, "errors": 0, "skipped": 1}
+
+
+def test_report_is_strict_json_even_with_a_diverged_loss(tmp_path):
+    path = tmp_path / "r.json"
+    gpu_check.write_report({"sections": {"x": {"loss_first_last": [float("nan"), float("inf")], "mfu": 0.4}}}, path)
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    report = json.loads(path.read_text(), parse_constant=refuse)
+    assert report["sections"]["x"] == {"loss_first_last": ["nan", "inf"], "mfu": 0.4}
