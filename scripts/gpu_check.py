@@ -71,7 +71,7 @@ FULL = {
                                "tgt_len": 48, "loss_check": True},
     "train_bert_base": {"preset": "bert-base", "vocab": 30522, "batch": 256, "seq_len": 128, "masked": 20},
     "train_bert_large": {"preset": "bert-large", "vocab": 30522, "batch": 256, "seq_len": 128, "masked": 20,
-                         "profile": True},
+                         "profile": True, "data_check": True},
     "decode_beam5": {"preset": "transformer-base", "vocab": 32000, "batch": 256, "src_len": 32, "out_len": 32,
                      "beam": 5, "reps": 5},
 }

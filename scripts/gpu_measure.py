@@ -372,10 +372,38 @@ def _bert_batch(rows: int, seq_len: int, masked: int, vocab: int, generator: tor
     return ids, segments, labels, nsp
 
 
+def measure_bert_data(batch: int, seq_len: int, vocab: int, masked: int, batches: int = 5,
+                      seed: int = 0) -> dict[str, Any]:
+    """Host time of tcli's BERT data path for one batch: `make_batch` (collate the NSP pairs, draw the MLM
+    masks) over `make_instances` of synthetic documents. The trainer makes each batch in the training
+    process between steps, so this is time the GPU step has to hide or wait for."""
+    import random
+
+    from transformer_cli.datasets.bert import SpecialIds, make_batch, make_instances
+
+    rng = random.Random(seed)
+    docs = [[[rng.randrange(5, vocab) for _ in range(rng.randint(8, 40))] for _ in range(rng.randint(3, 30))]
+            for _ in range(max(50, batch * batches // 4))]
+    t0 = time.perf_counter()
+    instances = make_instances(docs, seq_len, 0.1, random.Random(seed + 1))
+    per_instance = (time.perf_counter() - t0) / max(len(instances), 1)
+    ids = SpecialIds(pad=0, cls=2, sep=3, mask=4, first_normal=5, vocab_size=vocab)
+    generator = torch.Generator().manual_seed(seed)
+    n = max(1, min(batches, len(instances) // batch))
+    t0 = time.perf_counter()
+    for i in range(n):
+        make_batch(instances[i * batch : (i + 1) * batch], ids, 0.15, masked, generator)
+    per_batch = (time.perf_counter() - t0) / n
+    return {"batch_sequences": batch, "make_batch_ms": round(1000 * per_batch, 2),
+            "make_instances_ms_per_batch": round(1000 * per_instance * batch, 2),
+            "host_sequences_per_s": round(batch / per_batch, 1), "torch_threads": torch.get_num_threads()}
+
+
 def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base", vocab: int = 30522,
                  batch: int = 256, seq_len: int = 128, masked: int = 20, warmup: int = 5, steps: int = 20,
                  overrides: list[str] | None = None, precision: str = "bf16", peak_tflops: float | None = None,
-                 budget_s: float | None = None, seed: int = 0, profile: bool = False) -> dict[str, Any]:
+                 budget_s: float | None = None, seed: int = 0, profile: bool = False,
+                 data_check: bool = False) -> dict[str, Any]:
     """Pretraining throughput (MLM + NSP) of tcli's BERT on synthetic batches of batch x seq_len tokens."""
     from transformer_cli.models.builders import build_bert
     from transformer_cli.train.optim import build_optimizer
@@ -422,6 +450,9 @@ def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base",
         return result
 
     result = _fit_batch(run, batch, device)
+    if data_check:
+        rows = result["batch_sequences"]
+        result["host_data"] = _optional(lambda: measure_bert_data(rows, seq_len, vocab, masked))
     sizes = {k: getattr(m, k) for k in ("d_model", "layers", "heads", "ffn_dim")}
     return {"model": f"{preset} ({sizes}), vocabulary {vocab}, MLM + NSP heads", "parameters": params,
             "precision": runtime.precision, "device": str(device), "seq_len": seq_len, "warmup_steps": warmup,

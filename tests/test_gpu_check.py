@@ -114,7 +114,7 @@ def test_tiny_training_and_decoding_on_cpu():
     """The measurement functions a GPU run calls, with tiny models on the CPU: they train and decode."""
     bert = gpu_measure.measure_bert("cpu", vocab=256, batch=8, seq_len=32, masked=5, warmup=1, steps=2,
                                   overrides=gpu_check.TINY_BERT, precision="bf16", peak_tflops=0.5,
-                                    profile=True)
+                                    profile=True, data_check=True)
     assert bert["steps_timed"] == 2 and bert["batches_tried"] == [8] and bert["loss_finite"]
     assert bert["tokens_per_s"] == pytest.approx(32 * bert["sequences_per_s"], rel=1e-2)
     assert bert["mfu"] > 0 and bert["precision"] == "bf16" and bert["peak_memory_allocated_gib"] is None
@@ -126,6 +126,8 @@ def test_tiny_training_and_decoding_on_cpu():
     assert loss["rows"] == 80 and min(loss["tcli_chunked_ms"], loss["tcli_one_chunk_ms"]) > 0, loss
     profile = bert["profile"]
     assert profile["steps"] == 3 and profile["top"] and "Name" in profile["table"], profile
+    data = bert["host_data"]
+    assert data["batch_sequences"] == 8 and data["host_sequences_per_s"] > 0, data
     dec = gpu_measure.measure_decode("cpu", vocab=256, batch=4, src_len=8, out_len=6, reps=1,
                                    overrides=gpu_check.TINY_NMT, precision="fp32")
     assert dec["all_full_length"] and dec["decoded_tokens"] == 4 * 6 and dec["tokens_per_s"] > 0
