@@ -110,7 +110,17 @@ def test_peak_table():
     assert peak("NVIDIA GeForce RTX 3090") is None  # measured instead
 
 
-def test_tiny_training_and_decoding_on_cpu():
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from more threads; on a loaded machine, OpenMP threads waiting for each
+    other made a tiny step about 50 times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_tiny_training_and_decoding_on_cpu(one_thread):
     """The measurement functions a GPU run calls, with tiny models on the CPU: they train and decode."""
     bert = gpu_measure.measure_bert("cpu", vocab=256, batch=4, seq_len=16, masked=3, warmup=1, steps=2,
                                   overrides=gpu_check.TINY_BERT, precision="bf16", peak_tflops=0.5,
