@@ -101,6 +101,9 @@ def parse_pytest_summary(output: str) -> dict[str, Any]:
         took = re.search(r" in ([\d.]+)s", last)
         if took:
             counts["pytest_seconds"] = float(took.group(1))
+    failures = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
+    if failures:
+        counts["failures"] = failures
     return counts
 
 

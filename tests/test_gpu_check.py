@@ -160,7 +160,8 @@ def test_out_of_memory_halves_the_batch():
 
 def test_pytest_output_parsing():
     out = "....s.F\n=== short test summary info ===\nFAILED tests/x.py::t\n1 failed, 5 passed, 1 skipped in 12.34s\n"
-    assert gpu_check.parse_pytest_summary(out) == {"failed": 1, "passed": 5, "skipped": 1, "pytest_seconds": 12.34}
+    assert gpu_check.parse_pytest_summary(out) == {"failed": 1, "passed": 5, "skipped": 1, "pytest_seconds": 12.34,
+                                                   "failures": ["tests/x.py::t"]}
     progress = "..s.. [ 10%]\n.....F [ 20%]\n"
     assert gpu_check.progress_counts(progress) == {"passed": 9, "failed": 1, "errors": 0, "skipped": 1}
 
