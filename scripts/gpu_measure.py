@@ -155,14 +155,19 @@ def _free(device: torch.device) -> None:
 
 
 def _timed_steps(step: Callable[[], torch.Tensor], warmup: int, steps: int, device: torch.device,
-                 budget_s: float | None) -> tuple[float, int, list[float]]:
-    """Run `warmup` untimed steps, then up to `steps` timed ones (fewer when the budget runs out).
+                 deadline: float | None) -> tuple[float, int, list[float]]:
+    """Run `warmup` untimed steps, then up to `steps` timed ones (fewer once time.perf_counter() passes
+    `deadline`: a short measurement is worth more than a section killed at its limit).
 
     Returns the seconds of the timed steps, how many ran, and the losses of the first and last step.
     """
-    start = time.perf_counter()
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
     losses = [float(step())]
     for _ in range(warmup - 1):
+        if late():
+            break
         step()
     _sync(device)
     t0, done = time.perf_counter(), 0
@@ -170,7 +175,7 @@ def _timed_steps(step: Callable[[], torch.Tensor], warmup: int, steps: int, devi
     while done < steps:
         last = step()
         done += 1
-        if budget_s is not None and time.perf_counter() - start > budget_s:
+        if late():
             break
     _sync(device)
     seconds = time.perf_counter() - t0
@@ -295,7 +300,11 @@ def measure_translation(device: str | torch.device = "cuda", preset: str = "tran
                         overrides: list[str] | None = None, precision: str = "bf16",
                         peak_tflops: float | None = None, budget_s: float | None = None,
                         seed: int = 0, loss_check: bool = False) -> dict[str, Any]:
-    """Training throughput of tcli's Transformer on synthetic batches of batch x src_len -> tgt_len tokens."""
+    """Training throughput of tcli's Transformer on synthetic batches of batch x src_len -> tgt_len tokens.
+
+    `budget_s` (from this call on, model building included) cuts the timed steps short rather than overrun.
+    """
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
     from transformer_cli.models.builders import build_transformer
     from transformer_cli.train.optim import build_optimizer
     from transformer_cli.vocab import BOS_ID, EOS_ID
@@ -327,7 +336,7 @@ def measure_translation(device: str | torch.device = "cuda", preset: str = "tran
             return objective.detach()
 
         _reset_memory(device)
-        seconds, done, losses = _timed_steps(step, warmup, steps, device, budget_s)
+        seconds, done, losses = _timed_steps(step, warmup, steps, device, deadline)
         flops = translation_train_flops(m.d_model, m.ffn_dim, m.enc_layers, m.dec_layers, vocab, src.numel(), n_tgt,
                                         src_len, tgt_len)
         simple = simple_6nd_flops(params, n_tgt, m.enc_layers + m.dec_layers, m.d_model, src_len)
@@ -404,7 +413,11 @@ def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base",
                  overrides: list[str] | None = None, precision: str = "bf16", peak_tflops: float | None = None,
                  budget_s: float | None = None, seed: int = 0, profile: bool = False,
                  data_check: bool = False) -> dict[str, Any]:
-    """Pretraining throughput (MLM + NSP) of tcli's BERT on synthetic batches of batch x seq_len tokens."""
+    """Pretraining throughput (MLM + NSP) of tcli's BERT on synthetic batches of batch x seq_len tokens.
+
+    `budget_s` (from this call on, model building included) cuts the timed steps short rather than overrun.
+    """
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
     from transformer_cli.models.builders import build_bert
     from transformer_cli.train.optim import build_optimizer
 
@@ -432,7 +445,7 @@ def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base",
             return objective.detach()
 
         _reset_memory(device)
-        seconds, done, losses = _timed_steps(step, warmup, steps, device, budget_s)
+        seconds, done, losses = _timed_steps(step, warmup, steps, device, deadline)
         tokens = ids.numel()
         flops = bert_train_flops(m.d_model, m.ffn_dim, m.layers, vocab, tokens, seq_len, n_masked, rows)
         simple = simple_6nd_flops(params, tokens, m.layers, m.d_model, seq_len)
@@ -476,6 +489,7 @@ def measure_decode(device: str | torch.device = "cuda", preset: str = "transform
     from transformer_cli.vocab import BOS_ID, EOS_ID
 
     device = torch.device(device)
+    start = time.perf_counter()  # budget_s counts from here, model building included
     cfg, runtime = _train_setup(preset, overrides or [], vocab, device, precision)
     torch.manual_seed(seed)
     model = build_transformer(cfg.model, vocab, vocab)
@@ -490,7 +504,6 @@ def measure_decode(device: str | torch.device = "cuda", preset: str = "transform
         with runtime.context():
             return beam_search(model, src, BOS_ID, EOS_ID, beam=beam, lenpen=1.0, max_len_a=0.0, max_len_b=out_len)
 
-    start = time.perf_counter()
     decode()  # warm-up
     _sync(device)
     _reset_memory(device)

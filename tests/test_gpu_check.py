@@ -175,3 +175,18 @@ def test_report_is_strict_json_even_with_a_diverged_loss(tmp_path):
 
     report = json.loads(path.read_text(), parse_constant=refuse)
     assert report["sections"]["x"] == {"loss_first_last": ["nan", "inf"], "mfu": 0.4}
+
+
+def test_timed_steps_stop_at_the_deadline():
+    calls = []
+
+    def step() -> torch.Tensor:
+        calls.append(1)
+        return torch.tensor(1.0)
+
+    cpu = torch.device("cpu")
+    _, done, losses = gpu_measure._timed_steps(step, warmup=5, steps=20, device=cpu, deadline=0.0)  # long past
+    assert (done, len(calls), losses) == (1, 2, [1.0, 1.0])  # one warm-up step, one timed step
+    calls.clear()
+    _, done, _ = gpu_measure._timed_steps(step, warmup=2, steps=3, device=cpu, deadline=None)
+    assert (done, len(calls)) == (3, 5)
