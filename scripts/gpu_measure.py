@@ -342,7 +342,7 @@ def measure_translation(device: str | torch.device = "cuda", preset: str = "tran
         simple = simple_6nd_flops(params, n_tgt, m.enc_layers + m.dec_layers, m.d_model, src_len)
         per_step = seconds / max(done, 1)
         return {"batch_sentences": rows, "src_tokens_per_step": src.numel(), "tgt_tokens_per_step": n_tgt,
-                "steps_timed": done, "step_ms": round(1000 * per_step, 2),
+                "steps_timed": done, "steps_requested": steps, "step_ms": round(1000 * per_step, 2),
                 "tgt_tokens_per_s": round(n_tgt / per_step, 1),
                 "src_plus_tgt_tokens_per_s": round((n_tgt + src.numel()) / per_step, 1),
                 "sequences_per_s": round(rows / per_step, 1), **_memory(device),
@@ -451,7 +451,7 @@ def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base",
         simple = simple_6nd_flops(params, tokens, m.layers, m.d_model, seq_len)
         per_step = seconds / max(done, 1)
         result = {"batch_sequences": rows, "tokens_per_step": tokens, "masked_per_sequence": masked,
-                "steps_timed": done, "step_ms": round(1000 * per_step, 2),
+                "steps_timed": done, "steps_requested": steps, "step_ms": round(1000 * per_step, 2),
                 "tokens_per_s": round(tokens / per_step, 1), "sequences_per_s": round(rows / per_step, 1),
                 **_memory(device), "model_flops_per_step": flops,
                 "model_tflops_per_s": round(flops["total"] / per_step / 1e12, 2),
@@ -520,7 +520,7 @@ def measure_decode(device: str | torch.device = "cuda", preset: str = "transform
     seconds = time.perf_counter() - t0
     return {"model": f"{preset}, vocabulary {vocab}, random weights, EOS embedding zeroed",
             "precision": runtime.precision, "device": str(device), "beam": beam, "batch_sentences": batch,
-            "src_len": src_len, "out_len": out_len, "reps_timed": done, "all_full_length": full,
+            "src_len": src_len, "out_len": out_len, "reps_timed": done, "reps_requested": reps, "all_full_length": full,
             "decoded_tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1),
             "sentences_per_s": round(batch * done / seconds, 1), **_memory(device),
             "counted": "tokens of the best hypothesis of each sentence, EOS included (as tcli translate's stats)"}
