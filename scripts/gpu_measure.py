@@ -27,7 +27,6 @@ BF16_DENSE_TFLOPS: list[tuple[str, float]] = [
     ("H100 PCIe", 756.0),
     ("H200", 989.0),
     ("H100", 989.0),
-    ("H800", 989.0),
     ("A100", 312.0),
     ("A800", 312.0),
     ("L40S", 362.0),
@@ -40,11 +39,12 @@ FLOPS_FORMULA = {
                 "+ 12 x layers x d_model x attended length per token (PaLM appendix B / Megatron-LM: "
                 "forward 2 FLOPs per multiply-add, backward twice the forward; attention QK^T and AV, "
                 "causal masks not halved)"),
-    "translation": ("6 x (N_enc x source tokens + (N_dec + V x d) x target tokens) + 12 x d x (L_enc x S x source "
-                    "tokens + L_dec x (T + S) x target tokens); N_enc, N_dec = parameters of the encoder and "
-                    "decoder layers, V x d = output projection (tied to the embeddings, applied to every target "
-                    "token); with equal source and target tokens this is exactly 6 x count-params total x tokens "
-                    "+ attention"),
+    "translation": ("6 x ((N_enc + N_kv) x source tokens + (N_dec - N_kv + V x d) x target tokens) + 12 x d x "
+                    "(L_enc x S x source tokens + L_dec x (T + S) x target tokens); N_enc, N_dec = parameters of "
+                    "the encoder and decoder layers, N_kv = the decoder's cross-attention key/value projections "
+                    "(applied once to the encoder output), V x d = output projection (tied to the embeddings, "
+                    "applied to every target token); with equal source and target tokens this is exactly "
+                    "6 x count-params total x tokens + attention"),
     "bert": ("6 x (L x layer parameters x tokens + MLM head (H^2 + 3H + V x H + V) x masked positions + "
              "(pooler + NSP) x sequences) + 12 x L x H x T x tokens; embedding tables are lookups (no matmul) "
              "and tcli computes the tied MLM decoder only at the masked positions"),
@@ -96,7 +96,8 @@ def translation_train_flops(d: int, ffn: int, enc_layers: int, dec_layers: int, 
     """Model FLOPs of one training step (forward + backward) of the encoder-decoder; see FLOPS_FORMULA."""
     enc = enc_layers * transformer_layer_params(d, ffn, decoder=False)
     dec = dec_layers * transformer_layer_params(d, ffn, decoder=True)
-    dense = 6 * (enc * src_tokens + (dec + vocab * d) * tgt_tokens)
+    kv = dec_layers * (2 * d * d + 2 * d)  # cross-attention keys/values: projected from the encoder output
+    dense = 6 * ((enc + kv) * src_tokens + (dec - kv + vocab * d) * tgt_tokens)
     attention = 12 * d * (enc_layers * src_len * src_tokens + dec_layers * (tgt_len + src_len) * tgt_tokens)
     return {"dense": dense, "attention": attention, "total": dense + attention}
 

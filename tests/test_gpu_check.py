@@ -84,6 +84,10 @@ def test_flops_match_count_params():
     flops = gpu_measure.translation_train_flops(512, 2048, 6, 6, 32000, n, n, 48, 40)
     assert flops["dense"] == 6 * nmt["total"] * n
     assert flops["attention"] == 12 * 512 * (6 * 48 * n + 6 * (40 + 48) * n)
+    longer_source = gpu_measure.translation_train_flops(512, 2048, 6, 6, 32000, 2 * n, n, 48, 40)["dense"]
+    kv = 6 * (2 * 512**2 + 2 * 512)  # cross-attention key/value projections work on the source side
+    encoder = 6 * (12 * 512**2 + 13 * 512)
+    assert longer_source - flops["dense"] == 6 * (encoder + kv) * n
 
 
 def test_bert_base_step_flops_and_mfu_by_hand():
