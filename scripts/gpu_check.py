@@ -241,9 +241,17 @@ def environment() -> dict[str, Any]:
 
 
 def skip_reason(env: dict[str, Any]) -> str:
-    if env.get("nvidia_smi") and not env["cuda_available"]:
-        return (f"no CUDA device visible to torch {env['torch']} (CUDA build: {env['torch_cuda_build']}), although "
-                f"nvidia-smi lists {env['nvidia_smi']}: install the torch build for this machine's CUDA")
+    """Why there is no CUDA device; always starts with 'no CUDA device'."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and not hidden.strip():
+        return "no CUDA device (CUDA_VISIBLE_DEVICES is empty)"
+    gpus = env.get("nvidia_smi")
+    if gpus and isinstance(gpus, list) and not env["torch_cuda_build"]:
+        return (f"no CUDA device: torch {env['torch']} is a CPU-only build, although nvidia-smi lists {gpus}; "
+                "install the torch build for this machine's CUDA")
+    if gpus and isinstance(gpus, list):
+        return (f"no CUDA device visible to torch {env['torch']} (CUDA {env['torch_cuda_build']}), although "
+                f"nvidia-smi lists {gpus}: check the driver against this CUDA version and CUDA_VISIBLE_DEVICES")
     return "no CUDA device"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,8 +34,8 @@ def run_check(*args: str, env: dict | None = None, timeout: float = 120) -> subp
 def test_cpu_run_skips_gpu_sections_and_writes_json(tmp_path):
     result = run_check(env={"OUT": str(tmp_path)})  # no --out: $OUT/gpu_check.json
     assert result.returncode == 0, result.stderr
-    for name in GPU_SECTIONS:
-        assert f"no CUDA device: skipped {name} (" in result.stdout
+    for name in GPU_SECTIONS:  # one line per section
+        assert re.search(rf"^no CUDA device.*: skipped {name} \(", result.stdout, re.MULTILINE), result.stdout
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert list(report["sections"]) == [*GPU_SECTIONS, "tests"]
     for name, section in report["sections"].items():
@@ -44,6 +45,16 @@ def test_cpu_run_skips_gpu_sections_and_writes_json(tmp_path):
     assert report["environment"]["cuda_available"] is False
     assert report["target"] == {**gpu_check.TARGET, "met": None}
     assert "6 x" in report["flops_formula"]["summary"] and "synthetic" in report["data"]
+
+
+def test_skip_reasons(monkeypatch):
+    env = {"torch": "2.13.0+cpu", "torch_cuda_build": None, "cuda_available": False, "nvidia_smi": None}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_check.skip_reason(env) == "no CUDA device"
+    smi = {**env, "nvidia_smi": ["NVIDIA H200, 570.86, 143771 MiB"]}
+    assert "CPU-only build" in gpu_check.skip_reason(smi) and "H200" in gpu_check.skip_reason(smi)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu_check.skip_reason(smi) == "no CUDA device (CUDA_VISIBLE_DEVICES is empty)"
 
 
 def test_a_section_over_its_limit_is_recorded_and_the_others_run(tmp_path):
