@@ -351,13 +351,13 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _tests_section(args: argparse.Namespace, env: dict[str, Any], limit: float) -> dict[str, Any]:
-    if os.environ.get(NESTED_ENV):
-        return {"status": "skipped", "reason": "inside a test suite that gpu_check started"}
     cuda = env["cuda_available"]
     if not cuda and not args.cpu_tests:
         reason = skip_reason(env)
         print(f"{reason}: skipped tests (the test suite; --cpu-tests runs it on the CPU)", flush=True)
         return {"status": "skipped", "reason": f"{reason} (--cpu-tests runs the suite on the CPU)"}
+    if os.environ.get(NESTED_ENV):
+        return {"status": "skipped", "reason": "inside a test suite that gpu_check started"}
     if limit <= 0:
         return {"status": "skipped", "reason": f"the check's {args.budget_total:.0f}s budget is spent"}
     result = run_tests(limit)

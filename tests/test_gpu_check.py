@@ -25,7 +25,7 @@ GPU_SECTIONS = ["device", "train_translation_base", "train_bert_base", "train_be
 
 def run_check(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """scripts/gpu_check.sh with CUDA hidden, so that it takes the CPU path on any machine."""
-    full_env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    full_env = {k: v for k, v in os.environ.items() if k not in ("OUT", gpu_check.NESTED_ENV)}
     full_env.update({"CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **(env or {})})
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env=full_env)
