@@ -267,9 +267,11 @@ def measure_loss(device: str | torch.device, rows: int, vocab: int, label_smooth
     target = torch.randint(0, vocab, (rows,), device=device)
 
     def tcli_loss() -> None:
+        logits.grad = None  # a fresh gradient each time, as in training (no accumulation pass)
         losses.smoothed_cross_entropy(logits, target, label_smoothing).loss.backward()
 
     def torch_loss() -> None:
+        logits.grad = None
         F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing, reduction="sum").backward()
 
     def ms(fn: Callable[[], None]) -> float:
@@ -280,7 +282,6 @@ def measure_loss(device: str | torch.device, rows: int, vocab: int, label_smooth
         for _ in range(reps):
             fn()
         _sync(device)
-        logits.grad = None
         return round(1000 * (time.perf_counter() - t0) / reps, 3)
 
     result: dict[str, Any] = {"rows": rows, "vocab": vocab, "tcli_chunked_ms": ms(tcli_loss)}
