@@ -306,11 +306,11 @@ def measure_translation(device: str | torch.device = "cuda", preset: str = "tran
 
     `budget_s` (from this call on, model building included) cuts the timed steps short rather than overrun.
     """
-    deadline = None if budget_s is None else time.perf_counter() + budget_s
     from transformer_cli.models.builders import build_transformer
     from transformer_cli.train.optim import build_optimizer
     from transformer_cli.vocab import BOS_ID, EOS_ID
 
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
     device = torch.device(device)
     cfg, runtime = _train_setup(preset, overrides or [], vocab, device, precision)
     torch.manual_seed(seed)
@@ -419,10 +419,10 @@ def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base",
 
     `budget_s` (from this call on, model building included) cuts the timed steps short rather than overrun.
     """
-    deadline = None if budget_s is None else time.perf_counter() + budget_s
     from transformer_cli.models.builders import build_bert
     from transformer_cli.train.optim import build_optimizer
 
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
     device = torch.device(device)
     cfg, runtime = _train_setup(preset, [f"data.max_seq_len={seq_len}", *(overrides or [])], vocab, device,
                                 precision)
