@@ -128,18 +128,31 @@ def translate(
     precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "auto",
     stats_json: Annotated[Path | None, typer.Option("--stats-json", help="write speed statistics as JSON")] = None,
     quiet: QuietOpt = False,
+    attention: Annotated[Path | None, typer.Option(
+        "--attention", help="write attention heatmaps (PNG) and weights (.npz) to this folder")] = None,
+    attention_max: Annotated[int, typer.Option(
+        "--attention-max", min=1, help="--attention: the first N non-empty lines")] = 10,
+    print_alignment: Annotated[bool, typer.Option(
+        "--print-alignment", help="after each translation line, a line of source-target pairs i-j")] = False,
+    alignment_layer: Annotated[int | None, typer.Option(
+        "--alignment-layer", help="decoder layer for alignments (0-based; negative from the end; "
+                                  "default: second-to-last)")] = None,
+    alignment_unit: Annotated[str, typer.Option("--alignment-unit", help="piece | word")] = "piece",
 ) -> None:
     """Translate a file or stdin with beam search."""
     from transformer_cli.decode import DecodeOptions
     from transformer_cli.errors import UserError
-    from transformer_cli.translate import run_translate
+    from transformer_cli.translate import InspectOptions, run_translate
 
     if nbest > beam:
         raise UserError(f"--nbest {nbest} cannot exceed --beam {beam}")
     if precision not in ("auto", "fp32", "bf16", "fp16"):
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    if alignment_unit not in ("piece", "word"):
+        raise UserError(f"--alignment-unit {alignment_unit!r}: expected piece or word")
     opts = DecodeOptions(beam, lenpen, max_len_a, max_len_b, max_tokens, nbest)
-    run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json)
+    inspect = InspectOptions(attention, attention_max, print_alignment, alignment_layer, alignment_unit)
+    run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json, inspect)
 
 
 @app.command("pretrain-bert")
