@@ -198,6 +198,49 @@ def count_params(
     run_count_params(config, checkpoint, preset, set_, json_)
 
 
+@app.command("fill-mask")
+@user_errors
+def fill_mask(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a BERT checkpoint from tcli pretrain-bert")],
+    text: Annotated[str | None, typer.Argument(help="a line with one or more [MASK]s")] = None,
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="one line with [MASK]s per line")] = None,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, help="predictions per [MASK]")] = 5,
+    json_: Annotated[bool, typer.Option("--json", help="one JSON object per input line")] = False,
+    device: DeviceOpt = "auto",
+) -> None:
+    """The top-k pieces (with probabilities) a BERT checkpoint predicts for every [MASK]."""
+    from transformer_cli.fill_mask import run_fill_mask
+
+    run_fill_mask(checkpoint, text, input, top_k, json_, device)
+
+
+@app.command()
+@user_errors
+def evaluate(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation or BERT checkpoint")],
+    split: Annotated[str | None, typer.Option("--split", help="a split of the checkpoint's data: translation "
+                                              "{data.dir}/NAME.{src_lang,tgt_lang}; BERT train | valid")] = None,
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="source file (translation) or text "
+                                               "in the training format (BERT)")] = None,
+    reference: Annotated[Path | None, typer.Option("--reference", help="translation: references of --input")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="--split: read the data from here "
+                                                  "instead of the config's data.dir")] = None,
+    beam: Annotated[int | None, typer.Option("--beam", min=1, help="default: the checkpoint's eval.beam")] = None,
+    lenpen: Annotated[float | None, typer.Option("--lenpen", min=0.0, help="default: eval.lenpen")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
+    device: DeviceOpt = "auto",
+    precision: Annotated[str | None, typer.Option("--precision", help="auto | fp32 | bf16 | fp16 "
+                                                  "(default: the checkpoint's train.precision)")] = None,
+) -> None:
+    """Score a checkpoint: translation loss, perplexity, BLEU, chrF; BERT MLM/NSP metrics."""
+    from transformer_cli.errors import UserError
+    from transformer_cli.evaluate import run_evaluate
+
+    if precision not in (None, "auto", "fp32", "bf16", "fp16"):
+        raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    run_evaluate(checkpoint, split, input, reference, data_dir, beam, lenpen, device, precision, json_)
+
+
 def main() -> None:
     app()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from transformer_cli.datasets.bert import (
 from transformer_cli.datasets.text import fingerprint
 from transformer_cli.errors import UserError
 from transformer_cli.models.builders import build_bert
+from transformer_cli.scoring import bert_validation
 from transformer_cli.train.loop import Trainer, prepare_run_dir, resume_requested, say
 from transformer_cli.train.runtime import Runtime
 from transformer_cli.vocab import Vocab, train_vocab
@@ -94,24 +94,9 @@ class BertTask:
 
     def evaluate(self, model: nn.Module, runtime: Runtime) -> dict[str, float]:
         """MLM loss and accuracy at the masked positions, NSP accuracy, perplexity = exp(MLM loss)."""
-        sums = {"mlm_loss": 0.0, "mlm_correct": 0, "mlm": 0, "nsp_correct": 0, "nsp": 0}
-        rng = random.Random(self.cfg.train.seed + 104729)
-        batches = length_batches([len(x) for x in self.valid], self.cfg.train.batch_size, rng)
-        for number, indices in enumerate(batches):
-            generator = torch.Generator().manual_seed(self._seed(3, number))
-            d = self.cfg.data
-            batch = make_batch([self.valid[i] for i in indices], self.ids, d.mask_prob, d.max_predictions, generator)
-            batch = batch.to(runtime.device)
-            with runtime.context():
-                out = model(batch.input_ids, batch.segment_ids, batch.mlm_labels, batch.nsp_labels)
-            sums["mlm_loss"] += float(out.mlm_loss)
-            sums["mlm_correct"] += int(out.mlm_correct)
-            sums["nsp_correct"] += int(out.nsp_correct)
-            sums["mlm"] += int(out.mlm_count)
-            sums["nsp"] += out.nsp_count
-        mlm_loss = sums["mlm_loss"] / max(sums["mlm"], 1)
-        return {"mlm_loss": mlm_loss, "mlm_acc": sums["mlm_correct"] / max(sums["mlm"], 1),
-                "nsp_acc": sums["nsp_correct"] / max(sums["nsp"], 1), "ppl": math.exp(min(mlm_loss, 50.0))}
+        return bert_validation(model, self.valid, self.ids, self.cfg.train.seed, self.cfg.train.batch_size,
+                               self.cfg.data.mask_prob, self.cfg.data.max_predictions, runtime.device,
+                               runtime.context)
 
     def final_report(self, ckpt_dir: Path, runtime: Runtime) -> None:
         return None
