@@ -71,11 +71,12 @@ def capture(model: Transformer) -> Iterator[dict[str, list[list[Tensor]]]]:
 
 def teacher_forced_attention(model: Transformer, pairs: list[tuple[list[int], list[int]]], bos_id: int,
                              eos_id: int, device: torch.device, context: Callable | None = None,
-                             batch_size: int = 32) -> list[dict[str, np.ndarray]]:
+                             batch_size: int = 32, kinds: tuple[str, ...] = ("encoder", "decoder", "cross"),
+                             ) -> list[dict[str, np.ndarray]]:
     """Attention weights of (source ids, target ids) pairs (no specials), fed teacher-forced.
 
-    Returns, per pair, {"encoder": (L, H, S, S), "decoder": (L, H, T, T), "cross": (L, H, T, S)} with
-    S = source length + 1 (EOS) and T = target length + 1 (EOS), padding cut away.
+    Returns, per pair, those of {"encoder": (L, H, S, S), "decoder": (L, H, T, T), "cross": (L, H, T, S)}
+    named in `kinds`, with S = source length + 1 (EOS) and T = target length + 1 (EOS), padding cut away.
     """
     from transformer_cli.datasets.translation import pad_sequences
 
@@ -86,13 +87,12 @@ def teacher_forced_attention(model: Transformer, pairs: list[tuple[list[int], li
         tgt_in = pad_sequences([t for _, t in chunk], model.pad_id, prefix=bos_id).to(device)  # (B, T)
         with torch.inference_mode(), capture(model) as records, context() if context else contextlib.nullcontext():
             model(src, tgt_in)
-        stacked = {kind: torch.stack([layer[0] for layer in layers], 1).float().cpu()  # (B, L, H, T, S)
-                   for kind, layers in records.items()}
+        stacked = {kind: torch.stack([layer[0] for layer in records[kind]], 1).float().cpu()  # (B, L, H, T, S)
+                   for kind in kinds}
         for row, (s, t) in enumerate(chunk):
             S, T = len(s) + 1, len(t) + 1
-            out.append({"encoder": stacked["encoder"][row, :, :, :S, :S].numpy(),
-                        "decoder": stacked["decoder"][row, :, :, :T, :T].numpy(),
-                        "cross": stacked["cross"][row, :, :, :T, :S].numpy()})
+            size = {"encoder": (S, S), "decoder": (T, T), "cross": (T, S)}
+            out.append({kind: stacked[kind][row, :, :, : size[kind][0], : size[kind][1]].numpy() for kind in kinds})
     return out
 
 
@@ -149,12 +149,21 @@ def to_words(pairs: list[tuple[int, int]], src_pieces: list[str], tgt_pieces: li
     return sorted({(src_word[i], tgt_word[j]) for i, j in pairs}, key=lambda p: (p[1], p[0]))
 
 
-def alignment_line(maps: AttentionMaps, layer: int, unit: str) -> str:
-    """The `i-j` pairs of one translation, space-separated (fairseq's format), in pieces or words."""
-    pairs = hard_alignment(maps.cross, layer)
-    if unit == "word":
-        pairs = to_words(pairs, maps.src_pieces[:-1], maps.tgt_pieces[:-1])
-    return " ".join(f"{i}-{j}" for i, j in pairs)
+def alignment_lines(model: Transformer, src_vocab, tgt_vocab, pairs: list[tuple[list[int], list[int]]],
+                    layer: int, unit: str, bos_id: int, eos_id: int, device: torch.device,
+                    context: Callable | None = None, batch_size: int = 32) -> list[str]:
+    """The `i-j` pairs of each (source ids, translation ids), space-separated (fairseq's format), in pieces
+    or words. Batch by batch, keeping only the cross-attention: memory stays flat over a long input."""
+    lines = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        weights = teacher_forced_attention(model, chunk, bos_id, eos_id, device, context, batch_size, ("cross",))
+        for (s, t), w in zip(chunk, weights):
+            found = hard_alignment(w["cross"], layer)
+            if unit == "word":
+                found = to_words(found, pieces(src_vocab, s), pieces(tgt_vocab, t))
+            lines.append(" ".join(f"{i}-{j}" for i, j in found))
+    return lines
 
 
 # ----------------------------------------------------------------------------- files

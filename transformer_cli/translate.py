@@ -147,15 +147,15 @@ def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None
 def _alignments(translator: Translator, results: list[list[tuple[str, float]]], layer: int,
                 unit: str) -> list[list[str]]:
     """The alignment line of every output hypothesis (an empty line for an empty input line)."""
-    from transformer_cli.attention import alignment_line, attention_maps
+    from transformer_cli.attention import alignment_lines
 
     keys = [(i, k) for i, (_, hyps) in translator.token_ids.items() for k in range(len(hyps))]
     pairs = [(translator.token_ids[i][0], translator.token_ids[i][1][k]) for i, k in keys]
-    maps = attention_maps(translator.model, translator.src_vocab, translator.tgt_vocab, pairs, BOS_ID, EOS_ID,
-                          translator.runtime.device, translator.runtime.context)
+    found = alignment_lines(translator.model, translator.src_vocab, translator.tgt_vocab, pairs, layer, unit, BOS_ID,
+                            EOS_ID, translator.runtime.device, translator.runtime.context)
     out = [[""] * len(nbest) for nbest in results]
-    for (i, k), m in zip(keys, maps):
-        out[i][k] = alignment_line(m, layer, unit)
+    for (i, k), line in zip(keys, found):
+        out[i][k] = line
     return out
 
 
