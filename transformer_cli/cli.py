@@ -241,6 +241,18 @@ def evaluate(
     run_evaluate(checkpoint, split, input, reference, data_dir, beam, lenpen, device, precision, json_)
 
 
+@app.command()
+@user_errors
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory (with metrics.jsonl)")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG to write (default RUN_DIR/curves.png)")] = None,
+) -> None:
+    """Plot a run's curves (loss, BLEU or MLM accuracy, learning rate, tokens/s) from metrics.jsonl."""
+    from transformer_cli.plot import plot_run
+
+    print(f"wrote {plot_run(run_dir, out)}", file=sys.stderr)
+
+
 def main() -> None:
     app()
 
