@@ -21,7 +21,7 @@ def bert_run(tmp_path_factory) -> Path:
     write_corpus(root / "valid.txt", 20, seed=2)
     (root / "bert.yaml").write_text(CONFIG.format(data=root, steps=12))
     run = root / "run"
-    done = run_tcli("pretrain-bert", "--config", str(root / "bert.yaml"), "--out", str(run), "--quiet")
+    done = run_tcli("pretrain-bert", "--config", str(root / "bert.yaml"), "--out", str(run), "--quiet", timeout=900)
     assert done.returncode == 0, done.stderr
     return run
 

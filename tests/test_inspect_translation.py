@@ -38,7 +38,7 @@ def toy_run(tmp_path_factory) -> Path:
         (data / f"val.{lang}").write_text("\n".join(val) + "\n", encoding="utf-8")
     (root / "toy.yaml").write_text(CONFIG.format(data=data))
     run = root / "run"
-    done = run_tcli("train", "--config", str(root / "toy.yaml"), "--out", str(run), "--quiet")
+    done = run_tcli("train", "--config", str(root / "toy.yaml"), "--out", str(run), "--quiet", timeout=900)
     assert done.returncode == 0, done.stderr
     return run
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from transformer_cli.errors import UserError
 from transformer_cli.models.transformer import Transformer
+from transformer_cli.vocab import Vocab
 
 WORD_START = "\u2581"  # sentencepiece's word-boundary mark
 
@@ -96,7 +97,7 @@ def teacher_forced_attention(model: Transformer, pairs: list[tuple[list[int], li
     return out
 
 
-def attention_maps(model: Transformer, src_vocab, tgt_vocab, pairs: list[tuple[list[int], list[int]]],
+def attention_maps(model: Transformer, src_vocab: Vocab, tgt_vocab: Vocab, pairs: list[tuple[list[int], list[int]]],
                    bos_id: int, eos_id: int, device: torch.device, context: Callable | None = None
                    ) -> list[AttentionMaps]:
     """`teacher_forced_attention` with the pieces as labels."""
@@ -105,7 +106,7 @@ def attention_maps(model: Transformer, src_vocab, tgt_vocab, pairs: list[tuple[l
             for (s, t), w in zip(pairs, weights)]
 
 
-def pieces(vocab, ids: list[int]) -> list[str]:
+def pieces(vocab: Vocab, ids: list[int]) -> list[str]:
     return [vocab.sp.id_to_piece(i) for i in ids]
 
 
@@ -149,7 +150,7 @@ def to_words(pairs: list[tuple[int, int]], src_pieces: list[str], tgt_pieces: li
     return sorted({(src_word[i], tgt_word[j]) for i, j in pairs}, key=lambda p: (p[1], p[0]))
 
 
-def alignment_lines(model: Transformer, src_vocab, tgt_vocab, pairs: list[tuple[list[int], list[int]]],
+def alignment_lines(model: Transformer, src_vocab: Vocab, tgt_vocab: Vocab, pairs: list[tuple[list[int], list[int]]],
                     layer: int, unit: str, bos_id: int, eos_id: int, device: torch.device,
                     context: Callable | None = None, batch_size: int = 32) -> list[str]:
     """The `i-j` pairs of each (source ids, translation ids), space-separated (fairseq's format), in pieces

@@ -6,7 +6,13 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from transformer_cli.checkpoint import Checkpoint
+    from transformer_cli.train.runtime import Runtime
 
 
 @dataclass
@@ -82,8 +88,9 @@ def run_evaluate(checkpoint: Path, split: str | None = None, input_path: Path | 
     return result
 
 
-def _evaluate_translation(ckpt, model, runtime, split: str | None, input_path: Path | None, reference: Path | None,
-                          data_dir: Path | None, beam: int | None, lenpen: float | None) -> dict[str, Any]:
+def _evaluate_translation(ckpt: Checkpoint, model: nn.Module, runtime: Runtime, split: str | None,
+                          input_path: Path | None, reference: Path | None, data_dir: Path | None,
+                          beam: int | None, lenpen: float | None) -> dict[str, Any]:
     from transformer_cli.datasets.translation import encode_parallel, read_parallel, split_paths
     from transformer_cli.errors import UserError
     from transformer_cli.scoring import eval_decode_options, translate_texts, translation_nll
@@ -113,7 +120,7 @@ def _evaluate_translation(ckpt, model, runtime, split: str | None, input_path: P
             "chrf_signature": scores.chrf_signature, "beam": opts.beam, "lenpen": opts.lenpen}
 
 
-def _evaluate_bert(ckpt, model, runtime, split: str | None, input_path: Path | None,
+def _evaluate_bert(ckpt: Checkpoint, model: nn.Module, runtime: Runtime, split: str | None, input_path: Path | None,
                    data_dir: Path | None) -> dict[str, Any]:
     from transformer_cli.datasets.bert import check_corpus, encode_documents, read_documents
     from transformer_cli.errors import UserError

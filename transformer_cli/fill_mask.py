@@ -11,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from transformer_cli.errors import UserError
+from transformer_cli.models.bert import Bert
+from transformer_cli.vocab import Vocab
 
 MASK = "[MASK]"
 PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 2, 3, 4
@@ -35,7 +38,7 @@ class MaskResult:
     predictions: list[Prediction]  # best first
 
 
-def encode_masked(vocab, text: str) -> list[int]:
+def encode_masked(vocab: Vocab, text: str) -> list[int]:
     """[CLS] piece ids of the text between [MASK] markers, joined by the [MASK] id, [SEP]."""
     parts = vocab.encode(text.split(MASK))
     ids = [CLS_ID]
@@ -56,7 +59,8 @@ def check_lines(lines: list[str], encoded: list[list[int]], max_positions: int) 
                             f"{max_positions} positions of this model (model.max_positions); shorten the line")
 
 
-def fill_mask(model, vocab, lines: list[str], top_k: int, device: torch.device, context=None,
+def fill_mask(model: Bert, vocab: Vocab, lines: list[str], top_k: int, device: torch.device,
+              context: Callable | None = None,
               batch_size: int = 32) -> list[list[MaskResult]]:
     """The top_k predictions at every [MASK] of every line (lines checked with `check_lines` first)."""
     from transformer_cli.datasets.translation import pad_sequences

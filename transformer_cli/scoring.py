@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from transformer_cli.config import EvalConfig
 from transformer_cli.datasets.bert import Instance, SpecialIds, length_batches, make_batch, make_instances
 from transformer_cli.datasets.translation import ParallelData, collate, token_batches
 from transformer_cli.decode import DecodeOptions, decode_corpus
@@ -60,9 +61,8 @@ def translate_texts(model: nn.Module, sources: list[list[int]], opts: DecodeOpti
     return tgt_vocab.decode([h[0].tokens if h else [] for h in hyps])
 
 
-def eval_decode_options(eval_cfg) -> DecodeOptions:
+def eval_decode_options(e: EvalConfig) -> DecodeOptions:
     """The beam settings of a run's `eval:` section."""
-    e = eval_cfg
     return DecodeOptions(e.beam, e.lenpen, e.max_len_a, e.max_len_b, e.max_tokens)
 
 
