@@ -133,18 +133,31 @@ def translate(
     precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "auto",
     stats_json: Annotated[Path | None, typer.Option("--stats-json", help="write speed statistics as JSON")] = None,
     quiet: QuietOpt = False,
+    attention: Annotated[Path | None, typer.Option(
+        "--attention", help="write attention heatmaps (PNG) and weights (.npz) to this folder")] = None,
+    attention_max: Annotated[int, typer.Option(
+        "--attention-max", min=1, help="--attention: the first N non-empty lines")] = 10,
+    print_alignment: Annotated[bool, typer.Option(
+        "--print-alignment", help="after each translation line, a line of source-target pairs i-j")] = False,
+    alignment_layer: Annotated[int | None, typer.Option(
+        "--alignment-layer", help="decoder layer for alignments (0-based; negative from the end; "
+                                  "default: second-to-last)")] = None,
+    alignment_unit: Annotated[str, typer.Option("--alignment-unit", help="piece | word")] = "piece",
 ) -> None:
     """Translate a file or stdin with beam search."""
     from transformer_cli.decode import DecodeOptions
     from transformer_cli.errors import UserError
-    from transformer_cli.translate import run_translate
+    from transformer_cli.translate import InspectOptions, run_translate
 
     if nbest > beam:
         raise UserError(f"--nbest {nbest} cannot exceed --beam {beam}")
     if precision not in ("auto", "fp32", "bf16", "fp16"):
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    if alignment_unit not in ("piece", "word"):
+        raise UserError(f"--alignment-unit {alignment_unit!r}: expected piece or word")
     opts = DecodeOptions(beam, lenpen, max_len_a, max_len_b, max_tokens, nbest)
-    run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json)
+    inspect = InspectOptions(attention, attention_max, print_alignment, alignment_layer, alignment_unit)
+    run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json, inspect)
 
 
 @app.command("pretrain-bert")
@@ -188,6 +201,61 @@ def count_params(
     from transformer_cli.params import run_count_params
 
     run_count_params(config, checkpoint, preset, set_, json_)
+
+
+@app.command("fill-mask")
+@user_errors
+def fill_mask(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a BERT checkpoint from tcli pretrain-bert")],
+    text: Annotated[str | None, typer.Argument(help="a line with one or more [MASK]s")] = None,
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="one line with [MASK]s per line")] = None,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, help="predictions per [MASK]")] = 5,
+    json_: Annotated[bool, typer.Option("--json", help="one JSON object per input line")] = False,
+    device: DeviceOpt = "auto",
+) -> None:
+    """The top-k pieces (with probabilities) a BERT checkpoint predicts for every [MASK]."""
+    from transformer_cli.fill_mask import run_fill_mask
+
+    run_fill_mask(checkpoint, text, input, top_k, json_, device)
+
+
+@app.command()
+@user_errors
+def evaluate(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation or BERT checkpoint")],
+    split: Annotated[str | None, typer.Option("--split", help="a split of the checkpoint's data: translation "
+                                              "{data.dir}/NAME.{src_lang,tgt_lang}; BERT train | valid")] = None,
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="source file (translation) or text "
+                                               "in the training format (BERT)")] = None,
+    reference: Annotated[Path | None, typer.Option("--reference", help="translation: references of --input")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="--split: read the data from here "
+                                                  "instead of the config's data.dir")] = None,
+    beam: Annotated[int | None, typer.Option("--beam", min=1, help="default: the checkpoint's eval.beam")] = None,
+    lenpen: Annotated[float | None, typer.Option("--lenpen", min=0.0, help="default: eval.lenpen")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
+    device: DeviceOpt = "auto",
+    precision: Annotated[str | None, typer.Option("--precision", help="auto | fp32 | bf16 | fp16 "
+                                                  "(default: the checkpoint's train.precision)")] = None,
+) -> None:
+    """Score a checkpoint: translation loss, perplexity, BLEU, chrF; BERT MLM/NSP metrics."""
+    from transformer_cli.errors import UserError
+    from transformer_cli.evaluate import run_evaluate
+
+    if precision not in (None, "auto", "fp32", "bf16", "fp16"):
+        raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    run_evaluate(checkpoint, split, input, reference, data_dir, beam, lenpen, device, precision, json_)
+
+
+@app.command()
+@user_errors
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory (with metrics.jsonl)")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG to write (default RUN_DIR/curves.png)")] = None,
+) -> None:
+    """Plot a run's curves (loss, BLEU or MLM accuracy, learning rate, tokens/s) from metrics.jsonl."""
+    from transformer_cli.plot import plot_run
+
+    print(f"wrote {plot_run(run_dir, out)}", file=sys.stderr)
 
 
 def main() -> None:

@@ -1,8 +1,18 @@
-"""Scores: corpus BLEU and chrF through sacreBLEU (detokenised text, its own 13a tokenisation)."""
+"""Scores: corpus BLEU and chrF through sacreBLEU (detokenised text, its own 13a tokenisation); `tcli evaluate`."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from transformer_cli.checkpoint import Checkpoint
+    from transformer_cli.train.runtime import Runtime
 
 
 @dataclass
@@ -39,3 +49,113 @@ def translation_scores(hypotheses: list[str], references: list[str]) -> Translat
     chrf = CHRF()
     chrf_score = chrf.corpus_score(hypotheses, [references]).score
     return TranslationScores(cased, lower, chrf_score, cased_sig, lower_sig, str(chrf.get_signature()))
+
+
+# ----------------------------------------------------------------------------- tcli evaluate
+
+
+def run_evaluate(checkpoint: Path, split: str | None = None, input_path: Path | None = None,
+                 reference: Path | None = None, data_dir: Path | None = None, beam: int | None = None,
+                 lenpen: float | None = None, device: str = "auto", precision: str | None = None,
+                 as_json: bool = False) -> dict[str, Any]:
+    """`tcli evaluate`: score a checkpoint on a split of its data or on given files, with the functions
+    training evaluates with (transformer_cli/scoring.py), and print the result (text or one JSON line).
+
+    The precision defaults to the checkpoint's train.precision and the weights stay fp32 under autocast,
+    as during training, so the numbers equal the training-time evaluation of the same weights.
+    """
+    import torch
+
+    from transformer_cli.checkpoint import read_checkpoint
+    from transformer_cli.errors import UserError
+    from transformer_cli.train.runtime import Runtime
+
+    if (split is None) == (input_path is None):
+        raise UserError("give either --split NAME or --input FILE")
+    ckpt = read_checkpoint(checkpoint)
+    if ckpt.kind == "bert" and (reference is not None or beam is not None or lenpen is not None):
+        raise UserError(f"{checkpoint} is a BERT checkpoint: --reference, --beam and --lenpen are for translation")
+    runtime = Runtime.create(device, precision or ckpt.cfg.train.precision)
+    model = ckpt.build_model().to(runtime.device).eval()
+    with torch.inference_mode():
+        if ckpt.kind == "translation":
+            result = _evaluate_translation(ckpt, model, runtime, split, input_path, reference, data_dir, beam, lenpen)
+        else:
+            result = _evaluate_bert(ckpt, model, runtime, split, input_path, data_dir)
+    result = {"checkpoint": str(checkpoint), "kind": ckpt.kind, "step": ckpt.state.get("train_state", {}).get("step"),
+              **result, "device": str(runtime.device), "precision": runtime.precision}
+    print(json.dumps(result) if as_json else _describe(result))
+    return result
+
+
+def _evaluate_translation(ckpt: Checkpoint, model: nn.Module, runtime: Runtime, split: str | None,
+                          input_path: Path | None, reference: Path | None, data_dir: Path | None,
+                          beam: int | None, lenpen: float | None) -> dict[str, Any]:
+    from transformer_cli.datasets.translation import encode_parallel, read_parallel, split_paths
+    from transformer_cli.errors import UserError
+    from transformer_cli.scoring import eval_decode_options, translate_texts, translation_nll
+
+    cfg = ckpt.cfg
+    if split is not None:
+        src_path, ref_path = split_paths(data_dir or cfg.data.dir, split, cfg.data.src_lang, cfg.data.tgt_lang)
+        for path in (src_path, ref_path):
+            if not path.is_file():
+                raise UserError(f"--split {split}: {path} not found (the checkpoint's data.dir is {cfg.data.dir}; "
+                                "point elsewhere with --data-dir)")
+    elif reference is None:
+        raise UserError("--input needs --reference (the translations to score against)")
+    else:
+        src_path, ref_path = input_path, reference
+    lines = read_parallel(src_path, ref_path)
+    data = encode_parallel(*lines, *ckpt.vocabs, max_len=cfg.model.max_positions - 2)
+    opts = dataclasses.replace(eval_decode_options(cfg.eval), **({"beam": beam} if beam is not None else {}),
+                               **({"lenpen": lenpen} if lenpen is not None else {}))
+    nll = translation_nll(model, data, cfg.train.max_tokens, runtime.device, runtime.context)
+    hyps = translate_texts(model, data.src, opts, ckpt.vocabs[1], runtime.device, runtime.context)
+    scores = translation_scores(hyps, data.tgt_text)
+    return {"data": split if split is not None else str(src_path), "sentences": len(data),
+            "dropped_empty": data.dropped_empty, "dropped_long": data.dropped_long, "tokens": nll.tokens,
+            "loss": nll.loss, "ppl": nll.ppl, "bleu": scores.bleu, "bleu_lc": scores.bleu_lc, "chrf": scores.chrf,
+            "bleu_signature": scores.bleu_signature, "bleu_lc_signature": scores.bleu_lc_signature,
+            "chrf_signature": scores.chrf_signature, "beam": opts.beam, "lenpen": opts.lenpen}
+
+
+def _evaluate_bert(ckpt: Checkpoint, model: nn.Module, runtime: Runtime, split: str | None, input_path: Path | None,
+                   data_dir: Path | None) -> dict[str, Any]:
+    from transformer_cli.datasets.bert import check_corpus, encode_documents, read_documents
+    from transformer_cli.errors import UserError
+    from transformer_cli.scoring import bert_special_ids, bert_validation, held_out_instances
+
+    cfg, d = ckpt.cfg, ckpt.cfg.data
+    if split is not None:
+        if split not in ("train", "valid"):
+            raise UserError(f"--split {split!r}: a BERT run has the splits train and valid (data.train, data.valid)")
+        path = Path(data_dir or d.dir) / getattr(d, split)
+    else:
+        path = input_path
+    docs = read_documents(path, d.format, d.split_sentences)
+    check_corpus(docs, str(path))
+    encoded = encode_documents(ckpt.vocabs[0], docs)
+    check_corpus(encoded, str(path))
+    instances = held_out_instances(encoded, cfg.train.seed, d.max_seq_len, d.short_seq_prob)
+    metrics = bert_validation(model, instances, bert_special_ids(len(ckpt.vocabs[0])), cfg.train.seed,
+                              cfg.train.batch_size, d.mask_prob, d.max_predictions, runtime.device, runtime.context)
+    return {"data": split if split is not None else str(path), "documents": len(encoded), "instances": len(instances),
+            **metrics}
+
+
+def _describe(r: dict[str, Any]) -> str:
+    head = f"{r['checkpoint']} ({r['kind']}, step {r['step']}) on {r['data']}"
+    if r["kind"] == "bert":
+        return "\n".join([f"{head}: {r['documents']} documents, {r['instances']} NSP pairs",
+                          f"MLM loss {r['mlm_loss']:.4f}  perplexity {r['ppl']:.2f}  MLM accuracy {r['mlm_acc']:.4f}",
+                          f"NSP accuracy {r['nsp_acc']:.4f}"])
+    dropped = r["dropped_empty"] + r["dropped_long"]
+    note = f" ({dropped} dropped: empty side or too long)" if dropped else ""
+    return "\n".join([
+        f"{head}: {r['sentences']} sentence pairs{note}, {r['tokens']} target tokens; beam {r['beam']}, "
+        f"lenpen {r['lenpen']}",
+        f"loss {r['loss']:.4f} (per-token NLL)  perplexity {r['ppl']:.2f}",
+        f"BLEU {r['bleu']:.2f}  ({r['bleu_signature']})",
+        f"BLEU lowercased {r['bleu_lc']:.2f}  ({r['bleu_lc_signature']})",
+        f"chrF {r['chrf']:.2f}  ({r['chrf_signature']})"])

@@ -60,6 +60,8 @@ class Translator:
         with torch.inference_mode():
             hyps = decode_corpus(self.model, sources, opts, BOS_ID, EOS_ID, self.runtime.device, self.runtime.context)
         out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+        # What attention maps and alignments re-run: line -> (source ids as decoded, n-best token ids).
+        self.token_ids = {i: (ids[:limit], [h.tokens for h in nbest]) for i, ids, nbest in zip(nonempty, sources, hyps)}
         for i, nbest in zip(nonempty, hyps):
             texts = self.tgt_vocab.decode([h.tokens for h in nbest])
             out[i] = [(text, h.score) for text, h in zip(texts, nbest)]
@@ -73,13 +75,37 @@ def _read_input(path: Path | None, stdin: TextIO) -> list[str]:
     return read_lines(path)
 
 
+@dataclass
+class InspectOptions:
+    """What `tcli translate` shows of the attention behind its translations (see transformer_cli/attention.py)."""
+
+    attention_dir: Path | None = None  # heatmaps and .npz of the first `attention_max` non-empty lines
+    attention_max: int = 10
+    print_alignment: bool = False  # an `i-j` line after each output line
+    alignment_layer: int | None = None  # decoder layer; None = the second-to-last
+    alignment_unit: str = "piece"  # piece | word
+
+
 def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None, opts: DecodeOptions,
                   reference: Path | None = None, device: str = "auto", precision: str = "auto", quiet: bool = False,
-                  stats_json: Path | None = None) -> dict:
-    """Translate, write the output, print scores against a reference and speed statistics (stderr)."""
+                  stats_json: Path | None = None, inspect: InspectOptions | None = None) -> dict:
+    """Translate, write the output, print scores against a reference and speed statistics (stderr).
+    `inspect` adds attention heatmaps and/or printed alignments of the chosen hypotheses."""
     for option, path in (("--output", output), ("--stats-json", stats_json)):
         check_writable(path, option)
+    inspect = inspect or InspectOptions()
+    if inspect.attention_dir is not None:
+        from transformer_cli.attention import prepare_folder
+        from transformer_cli.attention_plot import require_matplotlib
+
+        require_matplotlib()
+        prepare_folder(inspect.attention_dir)
     translator = Translator.from_checkpoint(checkpoint, device, precision)
+    layer = None
+    if inspect.print_alignment:
+        from transformer_cli.attention import resolve_layer
+
+        layer = resolve_layer(inspect.alignment_layer, len(translator.model.decoder))
     lines = _read_input(input_path, sys.stdin)
     refs = read_lines(reference) if reference is not None else None
     if refs is not None and len(refs) != len(lines):
@@ -87,7 +113,9 @@ def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None
     start = time.perf_counter()
     results = translator.translate(lines, opts, warn=lambda message: print(message, file=sys.stderr))
     seconds = time.perf_counter() - start
-    text = "".join(_format(i, nbest, opts.nbest) for i, nbest in enumerate(results))
+    alignments = _alignments(translator, results, layer, inspect.alignment_unit) if layer is not None else None
+    text = "".join(_format(i, nbest, opts.nbest, alignments[i] if alignments else None)
+                   for i, nbest in enumerate(results))
     if output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -109,7 +137,40 @@ def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None
               f"(beam {opts.beam}, {stats['device']}, {stats['precision']})", file=sys.stderr)
     if stats_json is not None:
         _write_text(stats_json, json.dumps(stats, indent=1) + "\n", "--stats-json")
+    if inspect.attention_dir is not None:
+        written = _write_attention(translator, lines, results, inspect.attention_dir, inspect.attention_max)
+        if not quiet:
+            print(f"attention of {written} sentences written to {inspect.attention_dir}", file=sys.stderr)
     return stats
+
+
+def _alignments(translator: Translator, results: list[list[tuple[str, float]]], layer: int,
+                unit: str) -> list[list[str]]:
+    """The alignment line of every output hypothesis (an empty line for an empty input line)."""
+    from transformer_cli.attention import alignment_lines
+
+    keys = [(i, k) for i, (_, hyps) in translator.token_ids.items() for k in range(len(hyps))]
+    pairs = [(translator.token_ids[i][0], translator.token_ids[i][1][k]) for i, k in keys]
+    found = alignment_lines(translator.model, translator.src_vocab, translator.tgt_vocab, pairs, layer, unit, BOS_ID,
+                            EOS_ID, translator.runtime.device, translator.runtime.context)
+    out = [[""] * len(nbest) for nbest in results]
+    for (i, k), line in zip(keys, found):
+        out[i][k] = line
+    return out
+
+
+def _write_attention(translator: Translator, lines: list[str], results: list[list[tuple[str, float]]],
+                     folder: Path, limit: int) -> int:
+    """Heatmaps and weights of the best hypothesis of the first `limit` non-empty lines; returns their count."""
+    from transformer_cli.attention import attention_maps, write_attention
+
+    chosen = sorted(i for i, (_, hyps) in translator.token_ids.items() if hyps)[:limit]
+    pairs = [(translator.token_ids[i][0], translator.token_ids[i][1][0]) for i in chosen]
+    maps = attention_maps(translator.model, translator.src_vocab, translator.tgt_vocab, pairs, BOS_ID, EOS_ID,
+                          translator.runtime.device, translator.runtime.context)
+    for i, m in zip(chosen, maps):
+        write_attention(folder, i, m, lines[i], results[i][0][0])
+    return len(chosen)
 
 
 def check_writable(path: Path | None, option: str) -> None:
@@ -132,8 +193,10 @@ def _write_text(path: Path, text: str, option: str) -> None:
         raise UserError(f"{option} {path}: cannot write: {e.strerror or e}") from None
 
 
-def _format(index: int, nbest: list[tuple[str, float]], n: int) -> str:
-    if n == 1:
-        return nbest[0][0] + "\n"
-    return "".join(f"{index}\t{score:.4f}\t{text}\n" for text, score in nbest)
+def _format(index: int, nbest: list[tuple[str, float]], n: int, alignments: list[str] | None = None) -> str:
+    """The output of one input line; with alignments, each hypothesis line is followed by its `i-j` line."""
+    rows = [text if n == 1 else f"{index}\t{score:.4f}\t{text}" for text, score in (nbest if n > 1 else nbest[:1])]
+    if alignments is not None:
+        rows = [line for k, row in enumerate(rows) for line in (row, alignments[k] if k < len(alignments) else "")]
+    return "".join(row + "\n" for row in rows)
 

@@ -280,3 +280,14 @@ def make_batch(instances: list[Instance], ids: SpecialIds, mask_prob: float, max
     masked, labels = mask_tokens(input_ids, ids, mask_prob, max_predictions, generator)
     return BertBatch(masked, segments, labels, nsp, masked=int(labels.ne(IGNORE).sum()),
                      real_tokens=int(input_ids.ne(ids.pad).sum()))
+
+
+def encode_documents(vocab, docs: list[list[str]]) -> list[list[list[int]]]:
+    """Documents of sentences -> documents of token-id lists; empty sentences and documents dropped (as
+    training encodes its text)."""
+    flat = vocab.encode([s for d in docs for s in d])
+    out, i = [], 0
+    for d in docs:
+        out.append([s for s in flat[i : i + len(d)] if s])
+        i += len(d)
+    return [d for d in out if d]

@@ -100,6 +100,22 @@ class KVCache:
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
 
 
+def attention_weights(q: Tensor, k: Tensor, pad_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    """softmax(QK^T / sqrt(d_k) + mask) written out, in fp32: q (B, H, T, d_k), k (B, H, S, d_k) -> (B, H, T, S).
+
+    Padded keys (pad_mask (B, S), True = padding) and, with `causal`, keys after the query get weight 0
+    (query t sees keys <= t: SDPA's is_causal).
+    """
+    scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * q.size(-1) ** -0.5  # (B, H, T, S)
+    if pad_mask is not None:
+        scores = scores.masked_fill(pad_mask[:, None, None, :], float("-inf"))
+    if causal:
+        T, S = scores.shape[-2:]
+        future = torch.ones(T, S, dtype=torch.bool, device=scores.device).triu(1)  # (T, S)
+        scores = scores.masked_fill(future, float("-inf"))
+    return scores.softmax(-1)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention, softmax(QK^T / sqrt(d_k)) V, with an output projection.
 
@@ -117,6 +133,10 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        # Opt-in capture (attention maps, alignments): when a list is set here, every full (non-step)
+        # call also appends its softmax weights, (B, H, T, S). The output still comes from SDPA, so
+        # capturing never changes what the model computes; None (the default) costs one attribute test.
+        self.record: list[Tensor] | None = None
 
     def _split_heads(self, x: Tensor, n: int) -> tuple[Tensor, ...]:
         B, T, _ = x.shape
@@ -137,6 +157,8 @@ class MultiHeadAttention(nn.Module):
         else:
             p = self.dropout if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+            if self.record is not None:
+                self.record.append(attention_weights(q, k, pad_mask, causal))
         B, H, T, d_k = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * d_k)  # (B, T, d)
         return self.out_proj(out)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 from pathlib import Path
 from typing import Any
@@ -11,13 +10,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer_cli.checkpoint import BERT_SPECIALS, Checkpoint, check_bert_vocab
+from transformer_cli.checkpoint import Checkpoint, check_bert_vocab
 from transformer_cli.config import BertRunConfig
 from transformer_cli.datasets.bert import (
     BertBatch,
     Instance,
     SpecialIds,
     check_corpus,
+    encode_documents,
     length_batches,
     make_batch,
     make_instances,
@@ -28,6 +28,7 @@ from transformer_cli.errors import UserError
 from transformer_cli.models.builders import build_bert
 from transformer_cli.params import bert_formula
 from transformer_cli.run import run_training, say
+from transformer_cli.scoring import bert_special_ids, bert_validation, held_out_instances
 from transformer_cli.train.runtime import Runtime
 from transformer_cli.vocab import Vocab, train_vocab
 
@@ -41,7 +42,7 @@ def train_bert_vocab(sentences: list[str], cfg: BertRunConfig, source: str = "th
 
 def special_ids(vocab: Vocab) -> SpecialIds:
     check_bert_vocab(vocab, "the run's vocabulary")
-    return SpecialIds(pad=0, cls=2, sep=3, mask=4, first_normal=len(BERT_SPECIALS), vocab_size=len(vocab))
+    return bert_special_ids(len(vocab))
 
 
 class BertTask:
@@ -56,9 +57,7 @@ class BertTask:
         self.train_docs, self.data_fingerprint = train_docs, data_fingerprint
         self._epoch: int | None = None
         self._instances: list[Instance] = []
-        # Held-out pairs and masks are drawn once, so every evaluation scores the same thing.
-        valid_rng = random.Random(cfg.train.seed + 7919)
-        self.valid = make_instances(valid_docs, cfg.data.max_seq_len, cfg.data.short_seq_prob, valid_rng)
+        self.valid = held_out_instances(valid_docs, cfg.train.seed, cfg.data.max_seq_len, cfg.data.short_seq_prob)
 
     def _seed(self, *parts: int) -> int:
         return hash((self.cfg.train.seed, *parts)) & 0x7FFF_FFFF_FFFF
@@ -93,24 +92,9 @@ class BertTask:
 
     def evaluate(self, model: nn.Module, runtime: Runtime) -> dict[str, float]:
         """MLM loss and accuracy at the masked positions, NSP accuracy, perplexity = exp(MLM loss)."""
-        sums = {"mlm_loss": 0.0, "mlm_correct": 0, "mlm": 0, "nsp_correct": 0, "nsp": 0}
-        rng = random.Random(self.cfg.train.seed + 104729)
-        batches = length_batches([len(x) for x in self.valid], self.cfg.train.batch_size, rng)
-        for number, indices in enumerate(batches):
-            generator = torch.Generator().manual_seed(self._seed(3, number))
-            d = self.cfg.data
-            batch = make_batch([self.valid[i] for i in indices], self.ids, d.mask_prob, d.max_predictions, generator)
-            batch = batch.to(runtime.device)
-            with runtime.context():
-                out = model(batch.input_ids, batch.segment_ids, batch.mlm_labels, batch.nsp_labels)
-            sums["mlm_loss"] += float(out.mlm_loss)
-            sums["mlm_correct"] += int(out.mlm_correct)
-            sums["nsp_correct"] += int(out.nsp_correct)
-            sums["mlm"] += int(out.mlm_count)
-            sums["nsp"] += out.nsp_count
-        mlm_loss = sums["mlm_loss"] / max(sums["mlm"], 1)
-        return {"mlm_loss": mlm_loss, "mlm_acc": sums["mlm_correct"] / max(sums["mlm"], 1),
-                "nsp_acc": sums["nsp_correct"] / max(sums["nsp"], 1), "ppl": math.exp(min(mlm_loss, 50.0))}
+        return bert_validation(model, self.valid, self.ids, self.cfg.train.seed, self.cfg.train.batch_size,
+                               self.cfg.data.mask_prob, self.cfg.data.max_predictions, runtime.device,
+                               runtime.context)
 
     def final_report(self, ckpt_dir: Path, runtime: Runtime) -> None:
         return None
@@ -118,15 +102,6 @@ class BertTask:
     def checkpoint_meta(self) -> dict[str, Any]:
         return {"config": self.cfg.model_dump(mode="json"), "vocab": {"bert": self.vocab.model_bytes},
                 "data_fingerprint": self.data_fingerprint}
-
-
-def _encode_docs(vocab: Vocab, docs: list[list[str]]) -> list[list[list[int]]]:
-    flat = vocab.encode([s for d in docs for s in d])
-    out, i = [], 0
-    for d in docs:
-        out.append([s for s in flat[i : i + len(d)] if s])
-        i += len(d)
-    return [d for d in out if d]
 
 
 class BertSetup:
@@ -183,7 +158,7 @@ class BertSetup:
 
     def make_task(self, vocabs: list[Vocab], quiet: bool) -> BertTask:
         cfg, (vocab,) = self.cfg, vocabs
-        docs = {name: _encode_docs(vocab, raw_docs) for name, raw_docs in self.raw.items()}
+        docs = {name: encode_documents(vocab, raw_docs) for name, raw_docs in self.raw.items()}
         for name, encoded in docs.items():
             n_sent = sum(len(x) for x in encoded)
             n_tok = sum(len(s) for x in encoded for s in x)

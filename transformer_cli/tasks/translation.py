@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
 from typing import Any
@@ -22,11 +21,11 @@ from transformer_cli.datasets.translation import (
     split_paths,
     token_batches,
 )
-from transformer_cli.decode import DecodeOptions, decode_corpus
-from transformer_cli.evaluate import bleu, translation_scores
+from transformer_cli.evaluate import translation_scores
 from transformer_cli.models.builders import build_transformer
 from transformer_cli.params import transformer_formula
 from transformer_cli.run import run_training, say
+from transformer_cli.scoring import eval_decode_options, translate_texts, translation_validation
 from transformer_cli.train.runtime import Runtime
 from transformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID, Vocab, train_vocab
 
@@ -60,26 +59,13 @@ class TranslationTask:
 
     def evaluate(self, model: nn.Module, runtime: Runtime) -> dict[str, float]:
         """Validation NLL per target token, its perplexity, and BLEU of beam-search output."""
-        nll, tokens = 0.0, 0
-        valid_lens = ([len(s) for s in self.valid.src], [len(t) for t in self.valid.tgt])
-        for spec in token_batches(*valid_lens, self.cfg.train.max_tokens, seed=0, epoch=0, shuffle=False):
-            batch = collate(self.valid, spec, PAD_ID, BOS_ID, EOS_ID).to(runtime.device)
-            with runtime.context():
-                out = model(batch.src, batch.tgt_in, labels=batch.labels)
-            nll += float(out.nll)
-            tokens += batch.tokens
-        results = {"valid_loss": nll / tokens, "valid_ppl": math.exp(min(nll / tokens, 50.0))}
-        if self.cfg.eval.bleu:
-            hyps = self.translate(model, runtime, self.valid)
-            results["bleu"], signature = bleu(hyps, self.valid.tgt_text)
-            self.bleu_signature = signature
-        return results
+        return translation_validation(model, self.valid, self.vocabs[1], self.cfg.train.max_tokens,
+                                      eval_decode_options(self.cfg.eval) if self.cfg.eval.bleu else None,
+                                      runtime.device, runtime.context)
 
     def translate(self, model: nn.Module, runtime: Runtime, data: ParallelData) -> list[str]:
-        e = self.cfg.eval
-        opts = DecodeOptions(e.beam, e.lenpen, e.max_len_a, e.max_len_b, e.max_tokens)
-        hyps = decode_corpus(model, data.src, opts, BOS_ID, EOS_ID, runtime.device, runtime.context)
-        return self.vocabs[1].decode([h[0].tokens if h else [] for h in hyps])
+        opts = eval_decode_options(self.cfg.eval)
+        return translate_texts(model, data.src, opts, self.vocabs[1], runtime.device, runtime.context)
 
     def final_report(self, ckpt_dir: Path, runtime: Runtime) -> dict[str, Any] | None:
         """Score the test split with best.pt: cased and lowercased BLEU, chrF."""
