@@ -46,6 +46,7 @@ def replace(src, dst):
 def write_atomic(data, path):
     if MODE == "write" and path.name.startswith(f"step_{KILL_STEP}"):
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(data[: len(data) // 2])  # half a checkpoint on disk, then the kill
         die()
     return original_write(data, path)

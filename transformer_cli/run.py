@@ -56,6 +56,7 @@ class RunDirectory:
         self._lock_fd: int | None = None
         self._created = False  # this process made the directory: a refused run removes it again
         self.started = False
+        self.checkpointed = False  # a last.pt has been written (run.json says so from then on)
 
     # -- guard and lock
 
@@ -124,6 +125,12 @@ class RunDirectory:
     def checkpoints(self) -> list[Path]:
         return sorted(self.ckpt_dir.glob("*.pt")) if self.ckpt_dir.is_dir() else []
 
+    def first_save_interrupted(self) -> bool:
+        """Checkpoint files without last.pt in a run whose first save never completed (run.json says no
+        last.pt was ever written): they are the leftovers of that save, not a run to keep."""
+        marker = self._marker()
+        return marker is not None and marker.get("checkpointed") is False
+
     def finished_step(self) -> int | None:
         """The step at which this run's end was logged (test scores, end event), or None."""
         marker = self._marker() or {}
@@ -139,14 +146,22 @@ class RunDirectory:
         if fresh:  # a run killed before its first checkpoint starts over: no duplicate steps in the logs
             (self.path / "metrics.jsonl").unlink(missing_ok=True)
             shutil.rmtree(self.path / "tb", ignore_errors=True)
+        self.checkpointed = not fresh
         self._write_marker("running")
         write_atomic(dump_config(cfg).encode("utf-8"), self.path / "config.yaml")
+
+    def saved(self, step: int) -> None:
+        """Called after every write of last.pt; the first one is recorded in run.json."""
+        if not self.checkpointed:
+            self.checkpointed = True
+            self._write_marker("running")
 
     def finish(self, step: int) -> None:
         self._write_marker("finished", finished_step=step)
 
     def _write_marker(self, status: str, **extra: Any) -> None:
-        data = {"tcli": __version__, "kind": self.kind, "status": status, **extra}
+        data = {"tcli": __version__, "kind": self.kind, "status": status, "checkpointed": self.checkpointed,
+                **extra}
         write_atomic((json.dumps(data, indent=1) + "\n").encode(), self.path / MARKER)
 
 
@@ -290,6 +305,7 @@ def run_training(setup: TaskSetup, cfg: Any, run_dir: Path, device: str = "auto"
             vocabs = [Vocab.load(directory.path / "vocab" / f"{name}.model") for name in setup.vocab_files()]
         task = setup.make_task(vocabs, quiet)
         trainer = Trainer(task, cfg.train, run_dir, runtime, quiet)
+        trainer.on_saved = directory.saved
         if ckpt is not None:
             trainer.restore(ckpt)
         end = trainer.run(finished=finished)
@@ -312,6 +328,11 @@ def _checkpoint_to_resume(directory: RunDirectory, resume: bool, quiet: bool) ->
         return None
     if last.is_file():
         return read_checkpoint(last, kind=directory.kind)
+    if saved and directory.first_save_interrupted():
+        say(quiet, f"the first checkpoint of {directory.path} was interrupted: starting the run over")
+        for path in saved:
+            path.unlink()
+        return None
     if saved:
         raise UserError(f"{directory.path} holds {saved[0].name} but no last.pt, so the run cannot be resumed; "
                         "choose another --out (or start from a copy of it with tcli average / export)")

@@ -14,6 +14,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -146,6 +147,7 @@ class Trainer:
         self.wall_start = time.perf_counter()
         self.nonfinite_limit = NONFINITE_LIMIT.get(runtime.precision, NONFINITE_DEFAULT)
         self.nonfinite_steps: list[int] = []  # the current run of updates skipped for NaN/inf gradients
+        self.on_saved: Callable[[int], None] = lambda step: None  # told after each write of last.pt
         self._seed_ranks()
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -393,6 +395,7 @@ class Trainer:
         if best:
             write_atomic(data, self.ckpt_dir / "best.pt")
         write_atomic(data, self.ckpt_dir / "last.pt")
+        self.on_saved(state.step)
 
     def _state_dict(self) -> dict[str, Any]:
         state = self.state
