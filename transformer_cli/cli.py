@@ -185,6 +185,38 @@ def count_params(
     run_count_params(config, checkpoint, preset, set_, json_)
 
 
+@app.command(context_settings={"allow_extra_args": True})
+@user_errors
+def average(
+    ctx: typer.Context,
+    checkpoints: Annotated[list[Path] | None, typer.Option(
+        "--checkpoints", help="checkpoints to average (repeat the option, or list them after it)")] = None,
+    run: Annotated[Path | None, typer.Option("--run", help="a run directory: average its newest step files")] = None,
+    last: Annotated[int | None, typer.Option("--last", min=2, help="with --run: how many step_<N>.pt")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="the averaged checkpoint to write (.pt)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
+) -> None:
+    """Average the weights of several checkpoints of one model into a new checkpoint."""
+    from transformer_cli.errors import UserError
+    from transformer_cli.export.average import last_step_checkpoints, write_average
+
+    if ctx.args and checkpoints is None:
+        raise UserError(f"unexpected argument {ctx.args[0]!r}; checkpoints go after --checkpoints")
+    checkpoints = None if checkpoints is None else [*checkpoints, *map(Path, ctx.args)]
+    if out is None:
+        raise UserError("--out is required: the file to write the averaged checkpoint to")
+    if (checkpoints is None) == (run is None):
+        raise UserError("pass either --checkpoints A B ... or --run DIR --last N")
+    if run is not None and last is None:
+        raise UserError("--run needs --last N: how many of the newest step checkpoints to average")
+    if run is None and last is not None:
+        raise UserError("--last needs --run DIR")
+    paths = checkpoints if checkpoints is not None else last_step_checkpoints(run, last)
+    state = write_average(paths, out, force)
+    steps = state["tcli"]["averaged"]["steps"]
+    print(f"wrote {out}: the mean of {len(paths)} checkpoints (steps {', '.join(map(str, steps))})", file=sys.stderr)
+
+
 def main() -> None:
     app()
 
