@@ -161,12 +161,15 @@ def pretrain_bert(config: ConfigOpt, set_: SetOpt = None, out: OutOpt = None, re
 def export_hf(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a BERT checkpoint from tcli pretrain-bert")],
     out: Annotated[Path, typer.Option("--out", help="folder to write (config.json, model.safetensors, ...)")],
+    force: Annotated[bool, typer.Option("--force", help="write into a non-empty folder, replacing the HF model and "
+                                        "tokenizer files there")] = False,
 ) -> None:
-    """Write a BERT checkpoint as a folder transformers' BertForPreTraining loads."""
+    """Write a BERT checkpoint as a folder transformers loads: BertForPreTraining weights and a fast tokenizer."""
     from transformer_cli.hf import export_hf as run
 
-    folder = run(checkpoint, out)
-    print(f"wrote {folder} (config.json, model.safetensors, spiece.model, vocab.txt)", file=sys.stderr)
+    folder = run(checkpoint, out, force)
+    print(f"wrote {folder} (config.json, model.safetensors, spiece.model, tokenizer.json, tokenizer_config.json, "
+          "special_tokens_map.json)", file=sys.stderr)
 
 
 @app.command("count-params")
