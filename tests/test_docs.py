@@ -35,5 +35,6 @@ def test_every_module_imports_with_base_dependencies():
 
 def test_readme_mentions_every_command():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    for command in ("tcli train", "tcli translate", "tcli pretrain-bert", "tcli export-hf", "tcli count-params"):
+    for command in ("tcli train", "tcli translate", "tcli pretrain-bert", "tcli export-hf", "tcli count-params",
+                    "tcli export-ct2", "tcli average"):
         assert command in text

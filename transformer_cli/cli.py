@@ -188,6 +188,23 @@ def count_params(
     run_count_params(config, checkpoint, preset, set_, json_)
 
 
+@app.command("export-ct2")
+@user_errors
+def export_ct2(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation checkpoint from tcli train")],
+    out: Annotated[Path, typer.Option("--out", help="folder to write (model.bin, vocabularies, sentencepiece)")],
+    quantization: Annotated[str | None, typer.Option(
+        "--quantization", help="int8 | int8_float32 | bfloat16 | float16 (default: float32 weights)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="write into a non-empty folder, replacing the CTranslate2 "
+                                        "files there")] = False,
+) -> None:
+    """Write a translation checkpoint as a CTranslate2 model folder (pip install -e ".[ct2]")."""
+    from transformer_cli.export.ct2 import export_ct2 as run
+
+    files = run(checkpoint, out, quantization, force)
+    print(f"wrote {out} ({', '.join(files)})", file=sys.stderr)
+
+
 @app.command(context_settings={"allow_extra_args": True})
 @user_errors
 def average(
