@@ -143,12 +143,17 @@ def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "model.bin").write_bytes(b"old")
     from transformer_cli.errors import UserError
-    from transformer_cli.export.ct2 import prepare_folder
+    from transformer_cli.export.ct2 import CT2_FILES
+    from transformer_cli.export.folders import prepare_folder
 
-    with pytest.raises(UserError, match="is not empty; pass --force"):
-        prepare_folder(tmp_path / "full", force=False)
-    prepare_folder(tmp_path / "full", force=True)
-    assert not (tmp_path / "full" / "model.bin").exists()
+    (tmp_path / "full" / "notes.md").write_text("mine")
+    with pytest.raises(UserError, match="is not empty; pass --force to replace the CTranslate2 files"):
+        prepare_folder(tmp_path / "full", False, CT2_FILES, "CTranslate2")
+    prepare_folder(tmp_path / "full", True, CT2_FILES, "CTranslate2")
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["notes.md"]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="cannot write the folder .*file/sub: Not a directory"):
+        prepare_folder(tmp_path / "file" / "sub", False, CT2_FILES, "CTranslate2")
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if it were not installed
     code, err = tcli("export-ct2", "--checkpoint", str(ckpt), "--out", str(tmp_path / "o"))
     assert code == 2 and "ctranslate2 is not installed; install it with: pip install -e \".[ct2]\"" in err

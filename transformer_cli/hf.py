@@ -112,20 +112,6 @@ HF_FILES = (
 HF_SHARDS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin", "tf_model-*-of-*.h5")
 
 
-def prepare_folder(out_dir: Path, force: bool) -> None:
-    """Refuse a non-empty folder unless `force`; with `force`, remove the files a transformers loader reads."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} is a file, not a folder")
-    if not out_dir.is_dir() or not any(out_dir.iterdir()):
-        return
-    if not force:
-        raise UserError(f"--out {out_dir} is not empty; pass --force to replace the model and tokenizer files in it")
-    stale = [out_dir / name for name in HF_FILES] + [p for pattern in HF_SHARDS for p in out_dir.glob(pattern)]
-    for path in stale:
-        if path.is_file() or path.is_symlink():
-            path.unlink()
-
-
 def _write_json(data: dict, path: Path) -> None:
     write_atomic((json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), path)
 
@@ -137,6 +123,7 @@ def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
     """
     from safetensors.torch import save as save_safetensors
 
+    from transformer_cli.export.folders import prepare_folder
     from transformer_cli.export.hf_tokenizer import special_tokens_map, tokenizer_config, tokenizer_json
 
     ckpt = read_checkpoint(checkpoint, kind="bert")
@@ -146,7 +133,7 @@ def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
         tokenizer = tokenizer_json(vocab)
     except ValueError as e:
         raise UserError(f"{checkpoint}: its vocabulary cannot be written as a HF tokenizer: {e}") from None
-    prepare_folder(out_dir, force)
+    prepare_folder(out_dir, force, HF_FILES + HF_SHARDS, "HF model and tokenizer")
     weights = to_hf_state_dict(model.state_dict(), cfg.model.layers)
     write_atomic(save_safetensors(weights, metadata={"format": "pt"}), out_dir / "model.safetensors")
     _write_json(hf_config(cfg.model, len(vocab)), out_dir / "config.json")

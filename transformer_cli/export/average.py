@@ -16,6 +16,7 @@ import torch
 
 from transformer_cli.checkpoint import Checkpoint, read_checkpoint, serialize, write_atomic
 from transformer_cli.errors import UserError
+from transformer_cli.export.folders import check_writable_file
 
 # What only a resumed training run needs: an average is never resumed.
 _TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng", "train_state")
@@ -100,10 +101,9 @@ def last_step_checkpoints(run_dir: Path, n: int) -> list[Path]:
 
 def write_average(paths: list[Path], out: Path, force: bool = False) -> dict[str, Any]:
     """Average `paths` into the checkpoint `out` (atomically; an existing file only with `force`)."""
+    check_writable_file(out)
     if out.exists() and not force:
         raise UserError(f"{out} exists; pass --force to overwrite it")
-    if out.exists() and not out.is_file():
-        raise UserError(f"{out} is not a file")
     if out.resolve() in {p.resolve() for p in paths}:
         raise UserError(f"--out {out} is one of the checkpoints being averaged; write the average elsewhere")
     state = average_checkpoints(paths)

@@ -25,6 +25,7 @@ import torch
 
 from transformer_cli.checkpoint import read_checkpoint, write_atomic
 from transformer_cli.errors import UserError
+from transformer_cli.export.folders import prepare_folder
 from transformer_cli.vocab import Vocab
 
 QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float16")
@@ -125,17 +126,21 @@ def _pieces(vocab: Vocab) -> list[str]:
     return pieces
 
 
-def prepare_folder(out_dir: Path, force: bool) -> None:
-    """Refuse a non-empty folder unless `force`; with `force`, remove the files of a CTranslate2 model there."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} is a file, not a folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        if not force:
-            raise UserError(f"--out {out_dir} is not empty; pass --force to replace the CTranslate2 files in it")
-        for name in CT2_FILES:
-            if (out_dir / name).is_file():
-                (out_dir / name).unlink()
-    out_dir.mkdir(parents=True, exist_ok=True)
+def _save(spec: Any, out_dir: Path) -> None:
+    """spec.save into a staging folder inside out_dir, then each file renamed into place."""
+    staging = out_dir / f".ct2.tmp{os.getpid()}"
+    try:
+        staging.mkdir()
+        try:
+            spec.save(str(staging))
+            for f in staging.iterdir():
+                os.replace(f, out_dir / f.name)
+        finally:
+            for f in staging.iterdir():
+                f.unlink()
+            staging.rmdir()
+    except OSError as e:
+        raise UserError(f"cannot write {out_dir}: {e.strerror or e}") from None
 
 
 def export_ct2(checkpoint: Path, out_dir: Path, quantization: str | None = None, force: bool = False) -> list[str]:
@@ -149,17 +154,8 @@ def export_ct2(checkpoint: Path, out_dir: Path, quantization: str | None = None,
     spec = build_spec(model, ckpt.cfg.model, src_vocab, tgt_vocab)
     spec.validate()
     spec.optimize(quantization=quantization)
-    prepare_folder(out_dir, force)
-    staging = out_dir / f".ct2.tmp{os.getpid()}"
-    staging.mkdir()
-    try:
-        spec.save(str(staging))
-        for f in staging.iterdir():
-            os.replace(f, out_dir / f.name)
-    finally:
-        for f in staging.iterdir():
-            f.unlink()
-        staging.rmdir()
+    prepare_folder(out_dir, force, CT2_FILES, "CTranslate2")
+    _save(spec, out_dir)
     if src_vocab is tgt_vocab:
         write_atomic(src_vocab.model_bytes, out_dir / "sentencepiece.model")
     else:
