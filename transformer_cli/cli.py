@@ -218,20 +218,14 @@ def average(
 ) -> None:
     """Average the weights of several checkpoints of one model into a new checkpoint."""
     from transformer_cli.errors import UserError
-    from transformer_cli.export.average import last_step_checkpoints, write_average
+    from transformer_cli.export.average import checkpoints_to_average, write_average
 
     if ctx.args and checkpoints is None:
         raise UserError(f"unexpected argument {ctx.args[0]!r}; checkpoints go after --checkpoints")
-    checkpoints = None if checkpoints is None else [*checkpoints, *map(Path, ctx.args)]
     if out is None:
         raise UserError("--out is required: the file to write the averaged checkpoint to")
-    if (checkpoints is None) == (run is None):
-        raise UserError("pass either --checkpoints A B ... or --run DIR --last N")
-    if run is not None and last is None:
-        raise UserError("--run needs --last N: how many of the newest step checkpoints to average")
-    if run is None and last is not None:
-        raise UserError("--last needs --run DIR")
-    paths = checkpoints if checkpoints is not None else last_step_checkpoints(run, last)
+    extra = [Path(a) for a in ctx.args]
+    paths = checkpoints_to_average(None if checkpoints is None else [*checkpoints, *extra], run, last)
     state = write_average(paths, out, force)
     steps = state["tcli"]["averaged"]["steps"]
     print(f"wrote {out}: the mean of {len(paths)} checkpoints (steps {', '.join(map(str, steps))})", file=sys.stderr)

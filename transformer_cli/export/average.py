@@ -87,6 +87,19 @@ def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
         raise UserError(f"cannot average {where}: they were trained with different vocabularies")
 
 
+def checkpoints_to_average(checkpoints: list[Path] | None, run: Path | None, last: int | None) -> list[Path]:
+    """The files named by `--checkpoints A B ...`, or by `--run DIR --last N`; exactly one of the two."""
+    if (checkpoints is None) == (run is None):
+        raise UserError("pass either --checkpoints A B ... or --run DIR --last N")
+    if run is None:
+        if last is not None:
+            raise UserError("--last needs --run DIR")
+        return checkpoints
+    if last is None:
+        raise UserError("--run needs --last N: how many of the newest step checkpoints to average")
+    return last_step_checkpoints(run, last)
+
+
 def last_step_checkpoints(run_dir: Path, n: int) -> list[Path]:
     """The `n` newest step_<N>.pt of a run directory, oldest first, by step number."""
     folder = run_dir / "checkpoints"
