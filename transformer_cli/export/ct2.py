@@ -85,7 +85,7 @@ def _ffn(spec: Any, w: dict[str, torch.Tensor], p: str) -> None:
 
 def build_spec(model: torch.nn.Module, cfg: Any, src_vocab: Vocab, tgt_vocab: Vocab) -> Any:
     """The ctranslate2 TransformerSpec of a tcli Transformer (`cfg` is its TransformerConfig)."""
-    ctranslate2 = import_ctranslate2()
+    import_ctranslate2()  # a one-line error when it is missing
     from ctranslate2.specs import common_spec, transformer_spec
 
     activation = common_spec.Activation.GELU if cfg.activation == "gelu" else common_spec.Activation.RELU
@@ -112,7 +112,6 @@ def build_spec(model: torch.nn.Module, cfg: Any, src_vocab: Vocab, tgt_vocab: Vo
     spec.config.decoder_start_token = "<s>"
     spec.config.add_source_eos = True
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
-    del ctranslate2
     return spec
 
 
