@@ -179,12 +179,15 @@ def pretrain_bert(config: ConfigOpt, set_: SetOpt = None, out: OutOpt = None, re
 def export_hf(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a BERT checkpoint from tcli pretrain-bert")],
     out: Annotated[Path, typer.Option("--out", help="folder to write (config.json, model.safetensors, ...)")],
+    force: Annotated[bool, typer.Option("--force", help="write into a non-empty folder, replacing the HF model and "
+                                        "tokenizer files there")] = False,
 ) -> None:
-    """Write a BERT checkpoint as a folder transformers' BertForPreTraining loads."""
+    """Write a BERT checkpoint as a folder transformers loads: BertForPreTraining weights and a fast tokenizer."""
     from transformer_cli.hf import export_hf as run
 
-    folder = run(checkpoint, out)
-    print(f"wrote {folder} (config.json, model.safetensors, spiece.model, vocab.txt)", file=sys.stderr)
+    folder = run(checkpoint, out, force)
+    print(f"wrote {folder} (config.json, model.safetensors, spiece.model, tokenizer.json, tokenizer_config.json, "
+          "special_tokens_map.json)", file=sys.stderr)
 
 
 @app.command("count-params")
@@ -256,6 +259,49 @@ def plot(
     from transformer_cli.plot import plot_run
 
     print(f"wrote {plot_run(run_dir, out)}", file=sys.stderr)
+
+
+@app.command("export-ct2")
+@user_errors
+def export_ct2(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation checkpoint from tcli train")],
+    out: Annotated[Path, typer.Option("--out", help="folder to write (model.bin, vocabularies, sentencepiece)")],
+    quantization: Annotated[str | None, typer.Option(
+        "--quantization", help="int8 | int8_float32 | bfloat16 | float16 (default: float32 weights)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="write into a non-empty folder, replacing the CTranslate2 "
+                                        "files there")] = False,
+) -> None:
+    """Write a translation checkpoint as a CTranslate2 model folder (pip install -e ".[ct2]")."""
+    from transformer_cli.export.ct2 import export_ct2 as run
+
+    files = run(checkpoint, out, quantization, force)
+    print(f"wrote {out} ({', '.join(files)})", file=sys.stderr)
+
+
+@app.command(context_settings={"allow_extra_args": True})
+@user_errors
+def average(
+    ctx: typer.Context,
+    checkpoints: Annotated[list[Path] | None, typer.Option(
+        "--checkpoints", help="checkpoints to average (repeat the option, or list them after it)")] = None,
+    run: Annotated[Path | None, typer.Option("--run", help="a run directory: average its newest step files")] = None,
+    last: Annotated[int | None, typer.Option("--last", min=2, help="with --run: how many step_<N>.pt")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="the averaged checkpoint to write (.pt)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
+) -> None:
+    """Average the weights of several checkpoints of one model into a new checkpoint."""
+    from transformer_cli.errors import UserError
+    from transformer_cli.export.average import checkpoints_to_average, write_average
+
+    if ctx.args and checkpoints is None:
+        raise UserError(f"unexpected argument {ctx.args[0]!r}; checkpoints go after --checkpoints")
+    if out is None:
+        raise UserError("--out is required: the file to write the averaged checkpoint to")
+    extra = [Path(a) for a in ctx.args]
+    paths = checkpoints_to_average(None if checkpoints is None else [*checkpoints, *extra], run, last)
+    state = write_average(paths, out, force)
+    steps = state["tcli"]["averaged"]["steps"]
+    print(f"wrote {out}: the mean of {len(paths)} checkpoints (steps {', '.join(map(str, steps))})", file=sys.stderr)
 
 
 def main() -> None:

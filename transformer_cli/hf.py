@@ -1,8 +1,9 @@
 """Hugging Face interoperability for BERT: `tcli export-hf` writes a folder that
 `transformers.BertForPreTraining.from_pretrained` loads, and `--init-from-hf` reads one back.
 
-The folder holds config.json, model.safetensors (HF parameter names), and our sentencepiece model
-(spiece.model, plus vocab.txt listing its pieces) so that a run can continue with the same vocabulary.
+The folder holds config.json, model.safetensors (HF parameter names), our sentencepiece model
+(spiece.model, so that a run can continue with the same vocabulary), and a fast tokenizer that encodes
+like it (tokenizer.json, tokenizer_config.json, special_tokens_map.json; see export/hf_tokenizer.py).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from transformer_cli.checkpoint import read_checkpoint
+from transformer_cli.checkpoint import check_bert_vocab, check_weights, read_checkpoint, write_atomic
 from transformer_cli.config import BertModelConfig
 from transformer_cli.errors import UserError
+from transformer_cli.models.builders import build_bert
 from transformer_cli.vocab import Vocab
 
 _LAYER = "bert.encoder.layer.{i}."
@@ -97,44 +99,105 @@ def hf_config(model: BertModelConfig, vocab_size: int) -> dict:
     }
 
 
-def export_hf(checkpoint: Path, out_dir: Path) -> Path:
-    """Write config.json, model.safetensors, spiece.model and vocab.txt for a BERT checkpoint."""
-    from safetensors.torch import save_file
+# Files a transformers loader reads from a model folder (weights, configs, tokenizers): an export replaces
+# them all, so that nothing of an earlier model in the folder is picked up with ours.
+HF_FILES = (
+    "config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+    "pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "tf_model.h5.index.json",
+    "flax_model.msgpack", "flax_model.msgpack.index.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model",
+    "sentencepiece.bpe.model", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+    "preprocessor_config.json", "processor_config.json",
+)
+HF_SHARDS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin", "tf_model-*-of-*.h5")
+
+
+def _write_json(data: dict, path: Path) -> None:
+    write_atomic((json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), path)
+
+
+def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
+    """Write config.json, model.safetensors, spiece.model and the fast-tokenizer files for a BERT checkpoint.
+
+    A non-empty `out_dir` is refused unless `force`, which first removes every HF model/tokenizer file there.
+    """
+    from safetensors.torch import save as save_safetensors
+
+    from transformer_cli.export.folders import prepare_folder
+    from transformer_cli.export.hf_tokenizer import special_tokens_map, tokenizer_config, tokenizer_json
 
     ckpt = read_checkpoint(checkpoint, kind="bert")
     cfg, (vocab,) = ckpt.cfg, ckpt.vocabs
     model = ckpt.build_model()  # validates every tensor's name, shape and finiteness
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        tokenizer = tokenizer_json(vocab)
+    except ValueError as e:
+        raise UserError(f"{checkpoint}: its vocabulary cannot be written as a HF tokenizer: {e}") from None
+    prepare_folder(out_dir, force, HF_FILES + HF_SHARDS, "HF model and tokenizer")
     weights = to_hf_state_dict(model.state_dict(), cfg.model.layers)
-    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(hf_config(cfg.model, len(vocab)), indent=2) + "\n")
-    vocab.save(out_dir / "spiece.model")
-    pieces = [vocab.sp.id_to_piece(i) for i in range(len(vocab))]
-    (out_dir / "vocab.txt").write_text("".join(p + "\n" for p in pieces), encoding="utf-8")
+    write_atomic(save_safetensors(weights, metadata={"format": "pt"}), out_dir / "model.safetensors")
+    _write_json(hf_config(cfg.model, len(vocab)), out_dir / "config.json")
+    write_atomic(vocab.model_bytes, out_dir / "spiece.model")
+    _write_json(tokenizer, out_dir / "tokenizer.json")
+    _write_json(tokenizer_config(cfg.model.max_positions), out_dir / "tokenizer_config.json")
+    _write_json(special_tokens_map(), out_dir / "special_tokens_map.json")
     return out_dir
 
 
 def load_hf_bert(folder: Path, model: BertModelConfig) -> tuple[dict[str, Tensor], Vocab]:
-    """Weights (our names) and vocabulary of an exported folder; sizes must match the run's model section."""
-    from safetensors.torch import load_file
+    """Weights (our names) and vocabulary of an exported folder; sizes must match the run's model section.
 
+    Every problem with the folder (a missing, unreadable or malformed file, a missing or mis-shaped tensor)
+    is a one-line UserError naming the file.
+    """
+    where = f"--init-from-hf {folder}"
+    if not folder.is_dir():
+        raise UserError(f"{where}: not a folder (pass a folder written by tcli export-hf)")
     config_path, weights_path = folder / "config.json", folder / "model.safetensors"
     vocab_path = folder / "spiece.model"
     for path in (config_path, weights_path):
         if not path.is_file():
-            raise UserError(f"--init-from-hf {folder}: {path.name} not found (a folder written by tcli export-hf)")
+            raise UserError(f"{where}: {path.name} not found (a folder written by tcli export-hf)")
     if not vocab_path.is_file():
-        raise UserError(f"--init-from-hf {folder}: no spiece.model; its vocabulary cannot be matched to a "
+        raise UserError(f"{where}: no spiece.model; its vocabulary cannot be matched to a "
                         "tcli vocabulary (export the model with tcli export-hf)")
-    hf = json.loads(config_path.read_text())
+    hf = _read_json_object(config_path)
     vocab = Vocab.load(vocab_path)
+    check_bert_vocab(vocab, str(vocab_path))
     expected = hf_config(model, len(vocab))
     for hf_key, ours in (("hidden_size", "d_model"), ("num_hidden_layers", "layers"), ("num_attention_heads", "heads"),
                          ("intermediate_size", "ffn_dim"), ("max_position_embeddings", "max_positions")):
         if hf.get(hf_key) != expected[hf_key]:
-            raise UserError(f"--init-from-hf {folder}: {hf_key} is {hf.get(hf_key)} but model.{ours} is "
+            raise UserError(f"{where}: {hf_key} is {hf.get(hf_key)} but model.{ours} is "
                             f"{expected[hf_key]}; set model.{ours}={hf.get(hf_key)}")
     if hf.get("vocab_size") != len(vocab):
-        raise UserError(f"--init-from-hf {folder}: config.json vocab_size {hf.get('vocab_size')} does not match "
+        raise UserError(f"{where}: config.json vocab_size {hf.get('vocab_size')} does not match "
                         f"its spiece.model ({len(vocab)} pieces)")
-    return from_hf_state_dict(load_file(str(weights_path)), model.layers), vocab
+    weights = _read_safetensors(weights_path)
+    with torch.device("meta"):
+        reference = to_hf_state_dict(build_bert(model, len(vocab)).state_dict(), model.layers)
+    # Tensors we do not use (a head saved by another HF class) are ignored; ours must all be there.
+    check_weights({k: weights[k] for k in reference if k in weights}, reference, str(weights_path))
+    return from_hf_state_dict(weights, model.layers), vocab
+
+
+def _read_json_object(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object of config keys")
+    return data
+
+
+def _read_safetensors(path: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error type, or OSError, for a damaged file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path} is not a readable safetensors file ({first[:160]}); export the model again") from None

@@ -1,0 +1,129 @@
+"""tcli average: the element-wise mean of checkpoints of one model; anything else refused in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_cli.checkpoint import read_checkpoint, serialize, write_atomic
+from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config
+from transformer_cli.models.builders import build_bert, build_transformer
+from transformer_cli.vocab import train_vocab
+
+from .conftest import TOY, run_tcli
+
+
+def tcli(*args: str) -> tuple[int, str]:
+    """The command in this process (a subprocess per case would cost seconds of imports): exit code, stderr."""
+    from typer.testing import CliRunner
+
+    from transformer_cli.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stderr
+
+MODEL = {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1, "max_positions": 64}
+
+
+def write_checkpoint(path: Path, vocab, seed: int, step: int, **model) -> Path:
+    """A checkpoint in the trainer's layout, with weights from a seeded initialisation."""
+    raw = {"data": {"max_len": 40}, "train": {"max_steps": 1}, "model": {**MODEL, **model}}
+    cfg = build_config(TranslationRunConfig, raw, "test")
+    torch.manual_seed(seed)
+    weights = build_transformer(cfg.model, len(vocab), len(vocab)).state_dict()
+    state = {"tcli": {"kind": "translation", "version": "test"}, "config": cfg.model_dump(mode="json"),
+             "vocab": {"joint": vocab.model_bytes}, "model": weights, "optimizer": {"state": {}},
+             "train_state": {"step": step}}
+    write_atomic(serialize(state), path)
+    return path
+
+
+def write_bert_checkpoint(path: Path) -> Path:
+    vocab = train_vocab((TOY / "train.src").read_text(encoding="utf-8").splitlines(), size=100, pad_piece="[PAD]",
+                        unk_piece="[UNK]", control_symbols=("[CLS]", "[SEP]", "[MASK]"), bos_eos=False)
+    cfg = build_config(BertRunConfig, {"model": {"d_model": 16, "layers": 1, "heads": 2, "ffn_dim": 32,
+                                                 "max_positions": 160}, "train": {"max_steps": 1}}, "test")
+    state = {"tcli": {"kind": "bert", "version": "test"}, "config": cfg.model_dump(mode="json"),
+             "vocab": {"bert": vocab.model_bytes}, "model": build_bert(cfg.model, len(vocab)).state_dict()}
+    write_atomic(serialize(state), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def vocab(toy_vocab):
+    return toy_vocab
+
+
+def test_average_of_two_is_the_elementwise_mean_and_reads_like_any_checkpoint(tmp_path, vocab):
+    a = write_checkpoint(tmp_path / "a.pt", vocab, seed=1, step=10)
+    b = write_checkpoint(tmp_path / "b.pt", vocab, seed=2, step=20)
+    out = tmp_path / "avg.pt"
+    code, err = tcli("average", "--checkpoints", str(a), str(b), "--out", str(out))
+    assert code == 0, err
+    wa, wb = read_checkpoint(a).weights, read_checkpoint(b).weights
+    avg = read_checkpoint(out, kind="translation")
+    assert avg.weights.keys() == wa.keys()
+    for name in wa:
+        assert torch.allclose(avg.weights[name], (wa[name] + wb[name]) / 2, atol=1e-7), name
+    assert not torch.equal(wa["encoder.0.ffn.w1.weight"], wb["encoder.0.ffn.w1.weight"])  # a real mean
+    model = avg.build_model()  # tied embeddings stay one tensor
+    assert model.out_proj.weight is model.src_embed.weight
+    assert avg.state["tcli"]["averaged"] == {"checkpoints": [str(a), str(b)], "steps": [10, 20]}
+    assert "optimizer" not in avg.state and avg.state["config"] == read_checkpoint(a).state["config"]
+    translated = run_tcli("translate", "--checkpoint", str(out), "--beam", "2", input="ein test\n")
+    assert translated.returncode == 0, translated.stderr  # a user's command reads it like any checkpoint
+
+    code, err = tcli("average", "--checkpoints", str(a), str(b), "--out", str(out))
+    assert code == 2 and "exists; pass --force" in err
+    assert tcli("average", "--checkpoints", str(a), str(b), "--out", str(out), "--force")[0] == 0
+
+
+def test_run_last_n_takes_the_newest_steps_by_number(tmp_path, vocab):
+    ckpts = tmp_path / "run" / "checkpoints"
+    for seed, step in ((1, 9), (2, 10), (3, 100)):
+        write_checkpoint(ckpts / f"step_{step}.pt", vocab, seed=seed, step=step)
+    write_checkpoint(ckpts / "best.pt", vocab, seed=4, step=10)
+    out = tmp_path / "avg.pt"
+    code, err = tcli("average", "--run", str(tmp_path / "run"), "--last", "2", "--out", str(out))
+    assert code == 0, err
+    assert read_checkpoint(out).state["tcli"]["averaged"]["steps"] == [10, 100]  # not step_9 (string order)
+    code, err = tcli("average", "--run", str(tmp_path / "run"), "--last", "4", "--out", str(out), "--force")
+    assert code == 2 and "holds only 3 step_<N>.pt" in err
+
+
+@pytest.mark.parametrize("change, message", [
+    ("vocab", "different vocabularies"),
+    ({"d_model": 32}, "model.d_model is 16 in one and 32 in the other"),
+    ({"norm": "pre"}, "model.norm is post in one and pre in the other"),
+    ("kind", "one holds a translation model, the other a bert model"),
+])
+def test_mismatched_checkpoints_are_refused_in_one_line(tmp_path, vocab, change, message):
+    a = write_checkpoint(tmp_path / "a.pt", vocab, seed=1, step=1)
+    if change == "vocab":
+        other = train_vocab((TOY / "train.src").read_text(encoding="utf-8").splitlines(), size=100)
+        b = write_checkpoint(tmp_path / "b.pt", other, seed=2, step=2)
+    elif change == "kind":
+        b = write_bert_checkpoint(tmp_path / "b.pt")
+    else:
+        b = write_checkpoint(tmp_path / "b.pt", vocab, seed=2, step=2, **change)
+    code, err = tcli("average", "--checkpoints", str(a), str(b), "--out", str(tmp_path / "avg.pt"))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert message in err and str(a) in err and str(b) in err, err
+    assert not (tmp_path / "avg.pt").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--checkpoints", "{d}/A.pt"], "at least two checkpoints"),
+    (["--checkpoints", "{d}/A.pt", "{d}/missing.pt"], "checkpoint not found: {d}/missing.pt"),
+    (["--checkpoints", "{d}/A.pt", "{d}/A.pt", "--run", "{d}"], "pass either --checkpoints"),
+    (["--run", "{d}"], "--run needs --last"),
+    ([], "pass either --checkpoints"),
+    (["--run", "{d}/nowhere", "--last", "2"], "no checkpoints/ folder"),
+])
+def test_bad_arguments_exit_2(tmp_path, vocab, args, message):
+    write_checkpoint(tmp_path / "A.pt", vocab, seed=1, step=1)
+    code, err = tcli("average", *(a.format(d=tmp_path) for a in args), "--out", str(tmp_path / "avg.pt"))
+    assert code == 2 and message.format(d=tmp_path) in err, err
+    assert len(err.strip().splitlines()) == 1

@@ -1,0 +1,124 @@
+"""Checkpoint averaging: the element-wise mean of the weights of several checkpoints of one run.
+
+The mean of the last few checkpoints of a run usually translates a little better than any one of them
+(Vaswani et al., 2017, average the last 5 or 20). The checkpoints must describe the same model: the
+same kind, model section and vocabulary; anything else is refused with one line naming the two files.
+The result is a checkpoint like any other (config, vocabulary, tcli metadata) without optimizer state.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_cli.checkpoint import Checkpoint, read_checkpoint, serialize, write_atomic
+from transformer_cli.errors import UserError
+from transformer_cli.export.folders import check_writable_file
+
+# What only a resumed training run needs: an average is never resumed.
+_TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng", "train_state")
+_STEP_FILE = re.compile(r"step_(\d+)\.pt")
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """The state to save for the mean of `paths`' weights (fp32 sums; tied tensors averaged once).
+
+    Raises a one-line UserError for a missing or damaged file, fewer than two files, or checkpoints that
+    differ in kind, model section or vocabulary.
+    """
+    if len(paths) < 2:
+        raise UserError(f"averaging needs at least two checkpoints, got {len(paths)}")
+    first = read_checkpoint(paths[0])
+    total = _fp32_weights(first)
+    steps = [_step(first)]
+    for path in paths[1:]:
+        ckpt = read_checkpoint(path)
+        check_compatible(first, ckpt)
+        for name, t in _fp32_weights(ckpt).items():
+            total[name] += t
+        steps.append(_step(ckpt))
+        del ckpt
+    reference = first.weights
+    mean = {name: (t / len(paths)).to(reference[name].dtype) for name, t in total.items()}
+    state = {k: v for k, v in first.state.items() if k not in _TRAINING_ONLY}
+    state["model"] = _retie(reference, mean)
+    state["tcli"] = {**first.state["tcli"], "averaged": {"checkpoints": [str(p) for p in paths], "steps": steps}}
+    return state
+
+
+def _fp32_weights(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
+    """The checkpoint's validated weights in fp32, one entry per storage (tied names share one entry)."""
+    model = ckpt.build_model()  # names, shapes and finiteness checked against the config
+    seen: set[int] = set()
+    out = {}
+    for name, t in model.state_dict().items():
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        out[name] = t.detach().to(torch.float32, copy=True)
+    return out
+
+
+def _retie(reference: dict[str, torch.Tensor], mean: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict with every name of `reference`; names that share storage there share one tensor here."""
+    owner = {t.data_ptr(): name for name, t in reversed(list(reference.items())) if name in mean}
+    return {name: mean[owner[t.data_ptr()]] for name, t in reference.items()}
+
+
+def _step(ckpt: Checkpoint) -> int | None:
+    train_state = ckpt.state.get("train_state")
+    return train_state.get("step") if isinstance(train_state, dict) else None
+
+
+def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
+    """One-line refusal naming both files when b is not the same model as a."""
+    where = f"{a.path} and {b.path}"
+    if a.kind != b.kind:
+        raise UserError(f"cannot average {where}: one holds a {a.kind} model, the other a {b.kind} model")
+    ours, theirs = a.cfg.model.model_dump(), b.cfg.model.model_dump()
+    differ = [k for k in ours if ours[k] != theirs.get(k)]
+    if differ:
+        k = differ[0]
+        raise UserError(f"cannot average {where}: model.{k} is {ours[k]} in one and {theirs.get(k)} in the other")
+    if a.state.get("vocab") != b.state.get("vocab"):
+        raise UserError(f"cannot average {where}: they were trained with different vocabularies")
+
+
+def checkpoints_to_average(checkpoints: list[Path] | None, run: Path | None, last: int | None) -> list[Path]:
+    """The files named by `--checkpoints A B ...`, or by `--run DIR --last N`; exactly one of the two."""
+    if (checkpoints is None) == (run is None):
+        raise UserError("pass either --checkpoints A B ... or --run DIR --last N")
+    if run is None:
+        if last is not None:
+            raise UserError("--last needs --run DIR")
+        return checkpoints
+    if last is None:
+        raise UserError("--run needs --last N: how many of the newest step checkpoints to average")
+    return last_step_checkpoints(run, last)
+
+
+def last_step_checkpoints(run_dir: Path, n: int) -> list[Path]:
+    """The `n` newest step_<N>.pt of a run directory, oldest first, by step number."""
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        raise UserError(f"--run {run_dir}: no checkpoints/ folder; pass a run directory written by tcli train")
+    found = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_FILE.fullmatch(p.name)))
+    if len(found) < n:
+        raise UserError(f"--last {n}: {folder} holds only {len(found)} step_<N>.pt checkpoint(s) "
+                        "(train.keep_last sets how many a run keeps)")
+    return [p for _, p in found[-n:]]
+
+
+def write_average(paths: list[Path], out: Path, force: bool = False) -> dict[str, Any]:
+    """Average `paths` into the checkpoint `out` (atomically; an existing file only with `force`)."""
+    check_writable_file(out)
+    if out.exists() and not force:
+        raise UserError(f"{out} exists; pass --force to overwrite it")
+    if out.resolve() in {p.resolve() for p in paths}:
+        raise UserError(f"--out {out} is one of the checkpoints being averaged; write the average elsewhere")
+    state = average_checkpoints(paths)
+    write_atomic(serialize(state), out)
+    return state

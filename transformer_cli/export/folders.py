@@ -1,0 +1,39 @@
+"""Output folders of the exports: refused when not empty unless --force, which removes only the files the
+export's readers would load, so that nothing of an earlier model there is read with the new one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from transformer_cli.errors import UserError
+
+
+def prepare_folder(out_dir: Path, force: bool, owned: Iterable[str], what: str) -> None:
+    """Create `out_dir`, or check it: a non-empty folder needs `force`, which deletes the files named or
+    matched (glob patterns) by `owned` there. `what` names those files in the error ("HF model and tokenizer")."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file, not a folder")
+    try:
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            if not force:
+                raise UserError(f"--out {out_dir} is not empty; pass --force to replace the {what} files in it")
+            for pattern in owned:
+                for path in out_dir.glob(pattern):
+                    if path.is_file() or path.is_symlink():
+                        path.unlink()
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot write the folder {out_dir}: {e.strerror or e}") from None
+
+
+def check_writable_file(out: Path) -> None:
+    """A file path whose folder exists or can be created; a one-line error otherwise."""
+    if out.exists() and not out.is_file():
+        raise UserError(f"{out} is not a file")
+    if any(parent.exists() and not parent.is_dir() for parent in out.parents):
+        raise UserError(f"cannot write {out}: a part of its path is a file, not a folder")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the folder of {out}: {e.strerror or e}") from None
