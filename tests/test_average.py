@@ -127,3 +127,35 @@ def test_bad_arguments_exit_2(tmp_path, vocab, args, message):
     code, err = tcli("average", *(a.format(d=tmp_path) for a in args), "--out", str(tmp_path / "avg.pt"))
     assert code == 2 and message.format(d=tmp_path) in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_train_average_last_writes_and_scores_the_mean_of_the_last_step_checkpoints(tmp_path):
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n in (("train", 200), ("val", 10), ("test", 10)):
+        for lang in ("src", "tgt"):
+            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (data / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = tmp_path / "avg.yaml"
+    config.write_text(f"data: {{dir: {data}, max_len: 60}}\nvocab: {{size: 100}}\n"
+                      "model: {d_model: 16, heads: 2, ffn_dim: 32, enc_layers: 1, dec_layers: 1}\n"
+                      "train: {max_steps: 6, max_tokens: 400, lr: 0.003, warmup_steps: 2, precision: fp32,\n"
+                      "        eval_every: 6, save_every: 2, log_every: 2, keep_last: 3, average_last: 3}\n"
+                      "eval: {beam: 1, max_len_b: 5}\n")
+    run = tmp_path / "run"
+    result = run_tcli("train", "--config", str(config), "--out", str(run), "--quiet")
+    assert result.returncode == 0, result.stderr
+    steps = [run / "checkpoints" / f"step_{n}.pt" for n in (2, 4, 6)]
+    averaged = read_checkpoint(run / "checkpoints" / "averaged.pt").weights
+    parts = [read_checkpoint(p).weights for p in steps]
+    for name, tensor in averaged.items():
+        mean = sum(p[name] for p in parts) / 3
+        assert torch.allclose(tensor, mean, atol=1e-6), name
+    log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["checkpoint"] for e in log if e["event"] == "test"] == ["best.pt", "averaged.pt"]
+    assert [e["checkpoints"] for e in log if e["event"] == "averaged"] == [["step_2.pt", "step_4.pt", "step_6.pt"]]
+    refused = run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r2"),
+                       "--set", "train.keep_last=2")
+    assert refused.returncode == 2 and "train.average_last (3) needs train.keep_last >= 3" in refused.stderr

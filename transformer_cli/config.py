@@ -156,6 +156,8 @@ class TrainConfig(Section):
     log_every: int = Field(50, ge=1, description="log training metrics every this many updates")
     keep_last: int = Field(3, ge=0, description="step checkpoints kept besides best.pt and last.pt")
     patience: int | None = Field(None, ge=1, description="stop after this many evaluations without improvement")
+    average_last: int | None = Field(None, ge=2, le=1000, description="at the end, average the last N step "
+                                     "checkpoints into averaged.pt and score it beside best.pt (keep_last >= N)")
     compile: bool = Field(False, description="torch.compile the model")
     pad_to_multiple: int = Field(2, ge=1, le=512, description="pad batch lengths to a multiple of this: few repeating "
                                  "tensor shapes keep memory flat and speed steady (1: no rounding)")
@@ -242,6 +244,9 @@ def _check_train(t: TrainConfig) -> None:
         raise ValueError("set train.max_steps, train.max_epochs or train.max_minutes so the run can end")
     if t.schedule == "linear" and t.max_steps is None and t.max_epochs is None:
         raise ValueError("train.schedule linear decays to 0 at the last step: set train.max_steps or train.max_epochs")
+    if t.average_last and t.keep_last < t.average_last:
+        raise ValueError(f"train.average_last ({t.average_last}) needs train.keep_last >= {t.average_last} "
+                         f"(it is {t.keep_last}): only the kept step checkpoints can be averaged")
     if not all(0.0 <= b < 1.0 for b in t.adam_betas):
         raise ValueError(f"train.adam_betas {t.adam_betas} must lie in [0, 1)")
 

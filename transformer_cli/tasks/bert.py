@@ -96,8 +96,8 @@ class BertTask:
                                self.cfg.data.mask_prob, self.cfg.data.max_predictions, runtime.device,
                                runtime.context)
 
-    def final_report(self, ckpt_dir: Path, runtime: Runtime) -> None:
-        return None
+    def final_report(self, ckpt_dir: Path, runtime: Runtime) -> list[dict[str, Any]]:
+        return []  # BERT has no test split: its held-out text is the validation file
 
     def checkpoint_meta(self) -> dict[str, Any]:
         return {"config": self.cfg.model_dump(mode="json"), "vocab": {"bert": self.vocab.model_bytes},

@@ -67,19 +67,23 @@ class TranslationTask:
         opts = eval_decode_options(self.cfg.eval)
         return translate_texts(model, data.src, opts, self.vocabs[1], runtime.device, runtime.context)
 
-    def final_report(self, ckpt_dir: Path, runtime: Runtime) -> dict[str, Any] | None:
-        """Score the test split with best.pt: cased and lowercased BLEU, chrF."""
-        best = ckpt_dir / "best.pt"
-        if self.test is None or not best.exists():
-            return None
-        self.model.load_state_dict(read_checkpoint(best, kind=self.kind).weights)
-        self.model.eval()
-        with torch.inference_mode():
-            hyps = self.translate(self.model, runtime, self.test)
-        scores = translation_scores(hyps, self.test.tgt_text)
-        say(False, f"test ({self.cfg.data.test}, best.pt): " + " | ".join(scores.lines()))
-        return {"split": self.cfg.data.test, "bleu": scores.bleu, "bleu_lc": scores.bleu_lc, "chrf": scores.chrf,
-                "bleu_signature": scores.bleu_signature}
+    def final_report(self, ckpt_dir: Path, runtime: Runtime) -> list[dict[str, Any]]:
+        """Score the test split with best.pt (and averaged.pt when train.average_last made one): cased and
+        lowercased BLEU, chrF."""
+        reports = []
+        for name in ("best.pt", "averaged.pt"):
+            path = ckpt_dir / name
+            if self.test is None or not path.exists():
+                continue
+            self.model.load_state_dict(read_checkpoint(path, kind=self.kind).weights)
+            self.model.eval()
+            with torch.inference_mode():
+                hyps = self.translate(self.model, runtime, self.test)
+            scores = translation_scores(hyps, self.test.tgt_text)
+            say(False, f"test ({self.cfg.data.test}, {name}): " + " | ".join(scores.lines()))
+            reports.append({"split": self.cfg.data.test, "checkpoint": name, "bleu": scores.bleu,
+                            "bleu_lc": scores.bleu_lc, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature})
+        return reports
 
     def checkpoint_meta(self) -> dict[str, Any]:
         src, tgt = self.vocabs

@@ -48,7 +48,7 @@ class Task(Protocol):
     def summarize(self, averages: dict[str, float]) -> dict[str, float]: ...  # train event fields
     def evaluate(self, model: nn.Module, runtime: Runtime) -> dict[str, float]: ...
     def checkpoint_meta(self) -> dict[str, Any]: ...
-    def final_report(self, ckpt_dir: Path, runtime: Runtime) -> dict[str, Any] | None: ...  # test scores
+    def final_report(self, ckpt_dir: Path, runtime: Runtime) -> list[dict[str, Any]]: ...  # test scores
 
 
 @dataclass
@@ -192,8 +192,9 @@ class Trainer:
     def _end(self, reason: str) -> dict[str, Any]:
         state, task = self.state, self.task
         wall = self.elapsed()
-        test = task.final_report(self.ckpt_dir, self.runtime) if self.runtime.is_main else None
-        if test:
+        if self.runtime.is_main and self.cfg.average_last:
+            self._average_last(self.cfg.average_last)
+        for test in task.final_report(self.ckpt_dir, self.runtime) if self.runtime.is_main else []:
             self.metrics.log("test", state.step, **test)
         end = self.metrics.log("end", state.step, **{f"best_{task.best_metric}": state.best},
                                wall_s=round(wall, 1), stop=reason)
@@ -201,6 +202,25 @@ class Trainer:
         self.runtime.barrier()
         say(self.quiet, f"done at step {state.step} ({reason}), best {task.best_metric} {state.best}, {wall:.0f}s")
         return end
+
+    def _average_last(self, n: int) -> None:
+        """train.average_last: the mean of the last n step checkpoints as averaged.pt, scored on the
+        validation set (an "averaged" event; translation also scores it on the test split)."""
+        from transformer_cli.export.average import average_checkpoints
+
+        steps = sorted(self.ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))[-n:]
+        if len(steps) < 2:
+            say(self.quiet, f"train.average_last: {len(steps)} step checkpoint(s), nothing to average")
+            return
+        state = average_checkpoints(steps)
+        write_atomic(serialize(state), self.ckpt_dir / "averaged.pt")
+        self.model.load_state_dict(state["model"])
+        self.model.eval()
+        with torch.inference_mode():
+            results = self.task.evaluate(self.model, self.runtime)
+        self.metrics.log("averaged", self.state.step, **results, checkpoints=[p.name for p in steps])
+        shown = "  ".join(f"{k} {v:.4g}" for k, v in results.items() if isinstance(v, float))
+        say(self.quiet, f"averaged.pt (mean of {', '.join(p.name for p in steps)}): {shown}")
 
     def _train(self) -> str:
         """The training loop proper; returns why it stopped."""

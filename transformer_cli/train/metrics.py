@@ -37,7 +37,7 @@ class MetricsLog:
                 continue  # a line cut short by a kill
             if event.get("event") in ("train", "eval") and event.get("step", 0) > step:
                 continue
-            if event.get("event") in ("end", "test"):
+            if event.get("event") in ("end", "test", "averaged"):
                 continue
             kept.append(line)
         self.path.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
@@ -48,7 +48,7 @@ class MetricsLog:
             return record
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        prefix = {"train": "train", "eval": "valid", "test": "test"}.get(event)
+        prefix = {"train": "train", "eval": "valid", "test": "test", "averaged": "averaged"}.get(event)
         if prefix and self.tb is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and key != "epoch" and not isinstance(value, bool):
