@@ -124,6 +124,28 @@ def test_fill_mask_pipeline_answers_like_the_tcli_checkpoint(exported):
 
 
 @needs_wikitext
+def test_tcli_fill_mask_answers_like_the_hf_pipeline_on_the_export(exported):
+    """`tcli fill-mask` on the checkpoint and HF's fill-mask pipeline on its export: same top-5, same scores."""
+    from transformer_cli.fill_mask import fill_mask
+
+    ckpt, folder, vocab = exported
+    fill = transformers.pipeline("fill-mask", model=str(folder), top_k=5)
+    model = read_checkpoint(ckpt, kind="bert").build_model().eval()
+    lines = []
+    for line in wikitext_lines():
+        words = line.split()
+        if 6 <= len(words) <= 40 and not line.strip().startswith("="):
+            lines.append(" ".join(words[:3] + ["[MASK]"] + words[4:]))
+        if len(lines) == 25:
+            break
+    ours = fill_mask(model, vocab, lines, 5, torch.device("cpu"))
+    for line, (mask,) in zip(lines, ours):
+        theirs = fill(line)
+        assert [r["token"] for r in theirs] == [p.id for p in mask.predictions], line
+        assert all(abs(r["score"] - p.score) < 1e-4 for r, p in zip(theirs, mask.predictions)), line
+
+
+@needs_wikitext
 def test_sequence_classification_initialises_only_the_classifier(exported):
     _, folder, _ = exported
     _, info = transformers.BertForSequenceClassification.from_pretrained(str(folder), num_labels=3,
