@@ -84,6 +84,17 @@ def run_killed(kill_step: int, where: str, *args: str) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=300)
 
 
+def toy_subset(folder: Path, train: int, valid: int, newline: str = "\n") -> Path:
+    """The first `train` toy pairs and the first `valid` of val and test, written to `folder` (created),
+    each line ended by `newline`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", train), ("val", valid), ("test", valid)):
+        for lang in ("src", "tgt"):
+            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (folder / f"{split}.{lang}").write_bytes("".join(line + newline for line in lines).encode())
+    return folder
+
+
 @pytest.fixture(scope="session")
 def toy_vocab():
     """A small joint sentencepiece vocabulary over the bundled toy corpus (trained once)."""

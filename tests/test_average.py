@@ -12,7 +12,7 @@ from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_co
 from transformer_cli.models.builders import build_bert, build_transformer
 from transformer_cli.vocab import train_vocab
 
-from .conftest import TOY, run_tcli
+from .conftest import TOY, run_tcli, toy_subset
 
 
 def tcli(*args: str) -> tuple[int, str]:
@@ -132,12 +132,7 @@ def test_bad_arguments_exit_2(tmp_path, vocab, args, message):
 def test_train_average_last_writes_and_scores_the_mean_of_the_last_step_checkpoints(tmp_path):
     import json
 
-    data = tmp_path / "data"
-    data.mkdir()
-    for split, n in (("train", 200), ("val", 10), ("test", 10)):
-        for lang in ("src", "tgt"):
-            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (data / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data = toy_subset(tmp_path / "data", train=200, valid=10)
     config = tmp_path / "avg.yaml"
     config.write_text(f"data: {{dir: {data}, max_len: 60}}\nvocab: {{size: 100}}\n"
                       "model: {d_model: 16, heads: 2, ffn_dim: 32, enc_layers: 1, dec_layers: 1}\n"

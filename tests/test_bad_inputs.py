@@ -15,7 +15,7 @@ import torch
 from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config
 from transformer_cli.errors import UserError
 
-from .conftest import ROOT, TOY, run_tcli
+from .conftest import ROOT, TOY, run_tcli, toy_subset
 from .test_train_translate import one_line_error
 
 # ----------------------------------------------------------------------------- bad checkpoints
@@ -160,14 +160,7 @@ def numeric_keys(schema: type) -> list[str]:
 
 def small_data(tmp_path: Path) -> Path:
     """The first 150 toy pairs (the fuzzed runs stay short)."""
-    folder = tmp_path / "toy"
-    if not folder.exists():
-        folder.mkdir()
-        for split, n in (("train", 150), ("val", 8), ("test", 8)):
-            for lang in ("src", "tgt"):
-                lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-                (folder / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return folder
+    return toy_subset(tmp_path / "toy", train=150, valid=8)
 
 
 def small_bert_data(tmp_path: Path) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import TOY, run_killed, run_tcli
+from .conftest import run_killed, run_tcli, toy_subset
 
 STEPS = 16
 CONFIG = """
@@ -28,12 +28,7 @@ eval: {{beam: 2, max_len_b: 5}}
 def setup(tmp_path_factory) -> tuple[Path, Path]:
     """Small toy data, the config, and one uninterrupted run to compare against."""
     root = tmp_path_factory.mktemp("faults")
-    data = root / "data"
-    data.mkdir()
-    for split, n in (("train", 300), ("val", 20), ("test", 20)):
-        for lang in ("src", "tgt"):
-            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (data / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data = toy_subset(root / "data", train=300, valid=20)
     config = root / "tiny.yaml"
     config.write_text(CONFIG.format(data=data, steps=STEPS))
     done = run_tcli("train", "--config", str(config), "--out", str(root / "straight"), "--quiet")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import ROOT, TOY, run_tcli
+from .conftest import ROOT, run_tcli, toy_subset
 from .test_train_translate import one_line_error
 
 CONFIG = """
@@ -30,12 +30,7 @@ eval: {{beam: 1, max_len_b: 5, bleu: false}}
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("integrity_data")
-    for split, n in (("train", 200), ("val", 10), ("test", 10)):
-        for lang in ("src", "tgt"):
-            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (out / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return out
+    return toy_subset(tmp_path_factory.mktemp("integrity_data"), train=200, valid=10)
 
 
 def config(tmp_path: Path, data: Path, steps: int = 4, name: str = "tiny.yaml") -> Path:
@@ -290,12 +285,7 @@ def test_starting_on_a_full_disk_is_one_line_and_leaves_no_empty_files(tmp_path,
 
 
 def test_cr_only_files_and_tiny_corpora_train(tmp_path):
-    folder = tmp_path / "cr"
-    folder.mkdir()
-    for split, n in (("train", 40), ("val", 5), ("test", 5)):
-        for lang in ("src", "tgt"):
-            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (folder / f"{split}.{lang}").write_bytes(("\r".join(lines) + "\r").encode())
+    folder = toy_subset(tmp_path / "cr", train=40, valid=5, newline="\r")
     cfg = config(tmp_path, folder, steps=2)
     result = train(cfg, tmp_path / "run", "--set", "vocab.size=100")
     assert result.returncode == 0, result.stderr

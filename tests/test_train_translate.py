@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import ROOT, TOY, run_tcli
+from .conftest import ROOT, run_tcli, toy_subset
 
 TINY = """
 data: {{dir: {data}, src_lang: src, tgt_lang: tgt, train: train, valid: val, test: test, max_len: 60}}
@@ -28,12 +28,7 @@ eval: {{beam: 2, max_len_b: 5}}
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory) -> Path:
     """The first lines of the toy corpus: an epoch of about 20 batches."""
-    out = tmp_path_factory.mktemp("toy_small")
-    for split, n in (("train", 500), ("val", 30), ("test", 30)):
-        for lang in ("src", "tgt"):
-            lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (out / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return out
+    return toy_subset(tmp_path_factory.mktemp("toy_small"), train=500, valid=30)
 
 
 def tiny_config(tmp_path: Path, data: Path, steps: int = 24) -> Path:

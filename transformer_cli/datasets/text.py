@@ -13,13 +13,18 @@ def read_lines(path: str | Path) -> list[str]:
     path = Path(path)
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"data file not found: {path}") from None
-    except IsADirectoryError:
-        raise UserError(f"{path} is a directory, not a text file") from None
     except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror}") from None
+        raise read_error(e, path) from None
     return decode_utf8(data, str(path))
+
+
+def read_error(e: OSError, path: str | Path) -> UserError:
+    """A failed read of a data file as one line naming it."""
+    if isinstance(e, FileNotFoundError):
+        return UserError(f"data file not found: {path}")
+    if isinstance(e, IsADirectoryError):
+        return UserError(f"{path} is a directory, not a text file")
+    return UserError(f"cannot read {path}: {e.strerror}")
 
 
 def decode_utf8(data: bytes, name: str) -> list[str]:
@@ -48,10 +53,6 @@ def fingerprint(paths: list[Path]) -> str:
             with open(path, "rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     digest.update(block)
-        except FileNotFoundError:
-            raise UserError(f"data file not found: {path}") from None
-        except IsADirectoryError:
-            raise UserError(f"{path} is a directory, not a text file") from None
         except OSError as e:
-            raise UserError(f"cannot read {path}: {e.strerror}") from None
+            raise read_error(e, path) from None
     return digest.hexdigest()

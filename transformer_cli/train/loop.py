@@ -240,9 +240,9 @@ class Trainer:
                         t0 = time.perf_counter()
                         group = specs[state.batch_in_epoch : state.batch_in_epoch + cfg.accum_steps]
                         batches = [task.make_batch(spec, state.epoch) for spec in group]
-                        grad_norm = self.train_step(step_model, batches, interval)
+                        grad_norm, finite = self.train_step(step_model, batches, interval)
                         state.step += 1
-                        self._check_finite(grad_norm)
+                        self._check_finite(finite)
                         state.batch_in_epoch += len(group)
                         interval.record(grad_norm, sum(b.throughput_tokens for b in batches), time.perf_counter() - t0)
                         bar.update(1)
@@ -263,9 +263,9 @@ class Trainer:
             self._diverged(f"at its last updates, steps {self.nonfinite_steps[0]}-{self.nonfinite_steps[-1]}")
         return reason
 
-    def _check_finite(self, grad_norm: Tensor) -> None:
+    def _check_finite(self, finite: bool) -> None:
         """Count updates skipped for NaN/inf gradients; too many in a row end the run as diverged."""
-        if math.isfinite(float(grad_norm)):
+        if finite:
             self.nonfinite_steps = []
             return
         self.nonfinite_steps.append(self.state.step)
@@ -293,8 +293,9 @@ class Trainer:
         total = self.runtime.all_reduce_sum([float(signalled), float(out_of_time)])
         return total[0] > 0, total[1] > 0
 
-    def train_step(self, model: nn.Module, batches: list[Any], interval: _Interval) -> Tensor:
-        """One update over `batches` (the global micro-batches of gradient accumulation); returns the grad norm."""
+    def train_step(self, model: nn.Module, batches: list[Any], interval: _Interval) -> tuple[Tensor, bool]:
+        """One update over `batches` (the global micro-batches of gradient accumulation); returns the grad norm
+        and whether it was finite (a NaN/inf update is skipped)."""
         model.train()
         rt = self.runtime
         norms: dict[str, int] = {}
@@ -319,12 +320,13 @@ class Trainer:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if self.scaler.is_enabled() or math.isfinite(float(grad_norm)):
+        finite = math.isfinite(float(grad_norm))  # the step's one host sync
+        if self.scaler.is_enabled() or finite:
             self.scaler.step(self.optimizer)  # fp16: the scaler itself skips an overflowing step
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return grad_norm.detach()
+        return grad_norm.detach(), finite
 
     def _after_step(self, signalled: bool, out_of_time: bool) -> str | None:
         """Evaluate / save on schedule; return why training stops now, or None."""
