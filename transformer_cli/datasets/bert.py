@@ -5,18 +5,28 @@ max_seq_len from runs of consecutive sentences (a share `short_seq_prob` aims sh
 is the text that really follows A (IsNext, label 0), half the time a span of another document
 (NotNext, label 1). Masks are drawn afresh for every batch of every epoch from (seed, epoch, batch),
 so resuming reproduces them exactly.
+
+Two forms of the same pairs: `make_instances` builds Python lists (the held-out set, small), and the sample map
+(`build_sample_map`, `plan_epoch`, `make_plan_batch`) serves corpora of any size from memory-mapped token arrays.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from transformer_cli.checkpoint import write_atomic
 from transformer_cli.datasets.text import read_lines
 from transformer_cli.errors import UserError
 from transformer_cli.models.losses import IGNORE
@@ -291,3 +301,230 @@ def encode_documents(vocab, docs: list[list[str]]) -> list[list[list[int]]]:
         out.append([s for s in flat[i : i + len(d)] if s])
         i += len(d)
     return [d for d in out if d]
+
+
+# ----------------------------------------------------------------------------- sample map (memory-mapped corpora)
+#
+# The corpus as arrays (as preprocessed shards hold it): `tokens` (all sentences concatenated), `offsets`
+# (n_sentences + 1,) with sentence i = tokens[offsets[i] : offsets[i + 1]], and `doc_starts` (n_docs + 1,) with
+# document d = sentences doc_starts[d] .. doc_starts[d + 1] - 1; no sentence and no document is empty. The chunks
+# of consecutive sentences (the sample map) are cut once; each epoch draws, for all samples at once, where A ends,
+# IsNext or NotNext, and the random B (plan_epoch); a batch's rows are read from the tokens when it is made.
+
+DOC, FIRST, END, TARGET = range(4)  # sample-map columns
+SAMPLE_MAP_VERSION = 1  # part of the cache key: bump it when build_sample_map cuts differently
+
+
+def sentence_targets(n_sentences: int, max_seq_len: int, short_seq_prob: float, seed: int) -> np.ndarray:
+    """(n_sentences,) token targets: max_seq_len - 3, or with probability short_seq_prob a random length in
+    [2, max_seq_len - 3]. A chunk aims at the target of its first sentence."""
+    max_tokens = max_seq_len - 3  # [CLS] A [SEP] B [SEP]
+    if max_tokens < 2:
+        raise ValueError(f"max_seq_len {max_seq_len} leaves no room for two sentences")
+    rng = np.random.default_rng([seed, 1])
+    short = rng.random(n_sentences) < short_seq_prob
+    return np.where(short, rng.integers(2, max_tokens + 1, n_sentences), max_tokens)
+
+
+def build_sample_map(offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int, short_seq_prob: float,
+                     seed: int) -> np.ndarray:
+    """The chunks of consecutive sentences that NSP samples are made of, in corpus order: an (n_samples, 4) int64
+    array of [doc, first sentence, end sentence (exclusive), target tokens].
+
+    In a document of two or more sentences a chunk takes sentences until it holds at least its target in tokens
+    and at least two sentences; a lone sentence left at the document's end joins the chunk before it. Documents
+    of one sentence make no samples: they only serve as random B sides.
+
+    Every sentence draws a target and a chunk uses its first sentence's, so each chunk still has its own
+    independent draw, and the chunk starting at sentence s ends at `nxt[s]`, a function of s alone. The chunks
+    are then the path 0 -> nxt[0] -> ... -> n_sentences (a chunk ends at its document's end at the latest, which
+    is where the next document starts), found by pointer doubling: O(n log n) numpy work, no Python loop.
+    """
+    offsets, doc_starts = np.asarray(offsets, dtype=np.int64), np.asarray(doc_starts, dtype=np.int64)
+    n = len(offsets) - 1
+    targets = sentence_targets(n, max_seq_len, short_seq_prob, seed)  # (n,)
+    doc_end = np.repeat(doc_starts[1:], np.diff(doc_starts))  # (n,) end of each sentence's document
+    enough = np.searchsorted(offsets, offsets[:-1] + targets)  # (n,) first e with >= target tokens in [s, e)
+    nxt = np.append(np.minimum(np.maximum(enough, np.arange(2, n + 2)), doc_end), n)  # (n + 1,); n is the end
+    on_path = np.zeros(n + 1, dtype=bool)
+    on_path[0] = True
+    jump = nxt  # invariant: on_path = {nxt^j(0) : j < 2^k} and jump = nxt^(2^k)
+    while jump[0] != n:
+        on_path[jump[on_path]] = True
+        jump = jump[jump]
+    starts = np.flatnonzero(on_path[:-1])
+    lone = np.append(starts[1:], n) - starts == 1  # one-sentence documents and lone last sentences
+    starts = starts[~lone]
+    doc = np.searchsorted(doc_starts, starts, side="right") - 1
+    ends = np.minimum(np.append(starts[1:], n), doc_starts[doc + 1])  # a lone last sentence joins its chunk
+    return np.stack([doc, starts, ends, targets[starts]], axis=1).astype(np.int64, copy=False)
+
+
+def is_sample_map_of(sample_map: np.ndarray, offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int,
+                     short_seq_prob: float) -> bool:
+    """Whether `sample_map` is a map that build_sample_map could cut from this corpus under these settings (the
+    random targets aside): the chunks tile every document of two or more sentences, in order, and each ends where
+    the rule ends it. A cache file is checked with this before it is used."""
+    if sample_map.ndim != 2 or sample_map.shape[1] != 4 or sample_map.dtype != np.int64:
+        return False
+    doc, first, end, target = (np.asarray(sample_map[:, c]) for c in range(4))  # (N,) each
+    max_tokens = max_seq_len - 3
+    if not ((target >= (2 if short_seq_prob > 0 else max_tokens)) & (target <= max_tokens)).all():
+        return False
+    new_doc, last_of_doc = np.diff(doc, prepend=-1) != 0, np.diff(doc, append=-1) != 0
+    if not np.array_equal(doc[new_doc], np.flatnonzero(np.diff(doc_starts) >= 2)):
+        return False
+    doc_end = doc_starts[doc + 1]
+    if not (first == np.where(new_doc, doc_starts[doc], np.append(-1, end[:-1]))).all():
+        return False
+    if not ((end - first >= 2) & (end <= doc_end) & (~last_of_doc | (end == doc_end))).all():
+        return False
+    greedy = np.minimum(np.maximum(np.searchsorted(offsets, offsets[first] + target), first + 2), doc_end)
+    return bool(((end == greedy) | ((end == doc_end) & (greedy == doc_end - 1))).all())
+
+
+def sample_map_cached(cache_dir: Path | None, offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int,
+                      short_seq_prob: float, seed: int) -> np.ndarray:
+    """build_sample_map, kept in `cache_dir` as a .npy named by the settings and a digest of the corpus index and
+    loaded memory-mapped, so every rank and every later run reads one file. A cache file that does not load or is
+    not a valid map of this corpus is rebuilt (a killed write leaves no half file: tmp + rename)."""
+    if cache_dir is None:
+        return build_sample_map(offsets, doc_starts, max_seq_len, short_seq_prob, seed)
+    key = _sample_map_key(offsets, doc_starts, max_seq_len, short_seq_prob, seed)
+    path = Path(cache_dir) / f"bert_sample_map_{key}.npy"
+    if path.exists():
+        try:
+            cached = np.load(path, mmap_mode="r")
+        except (OSError, ValueError, EOFError):  # truncated, or not an .npy file
+            cached = None
+        if cached is not None and is_sample_map_of(cached, offsets, doc_starts, max_seq_len, short_seq_prob):
+            return cached
+    sample_map = build_sample_map(offsets, doc_starts, max_seq_len, short_seq_prob, seed)
+    buffer = io.BytesIO()
+    np.save(buffer, sample_map)
+    write_atomic(buffer.getvalue(), path)
+    return np.load(path, mmap_mode="r")
+
+
+def _sample_map_key(offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int, short_seq_prob: float,
+                    seed: int) -> str:
+    """The settings, the index sizes, and up to 4097 evenly spaced entries of each index (cheap on a memmap)."""
+    settings = {"version": SAMPLE_MAP_VERSION, "max_seq_len": int(max_seq_len), "short_seq_prob": float(short_seq_prob),
+                "seed": int(seed), "offsets": len(offsets), "doc_starts": len(doc_starts)}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for index in (offsets, doc_starts):
+        picks = np.linspace(0, len(index) - 1, num=min(len(index), 4097)).astype(np.int64)
+        digest.update(np.asarray(index[picks], dtype=np.int64).tobytes())
+    return digest.hexdigest()[:24]
+
+
+class PlanBatch(NamedTuple):
+    number: int  # the batch's place in its epoch (its masks are seeded from it)
+    rows: np.ndarray  # (B,) sample-map rows
+
+
+@dataclass(frozen=True, eq=False)
+class EpochPlan(Sequence):
+    """One epoch's NSP pairs and batches as arrays over the samples (N = len(sample_map) in every epoch).
+    Indexing gives PlanBatch specs: plan[i], or a list for plan[a:b]."""
+
+    sample_map: np.ndarray  # (N, 4), shared, not copied
+    max_seq_len: int
+    batch_size: int
+    a_end: np.ndarray  # (N,) A = sentences [first, a_end)
+    b_start: np.ndarray  # (N,) B = sentences [b_start, b_end): [a_end, end) when IsNext, else another document's
+    b_end: np.ndarray  # (N,)
+    is_next: np.ndarray  # (N,) bool
+    lengths: np.ndarray  # (N,) tokens of [CLS] A [SEP] B [SEP] after truncation
+    order: np.ndarray  # (N,) samples; order[j*B : (j+1)*B] is batch j
+    batch_order: np.ndarray  # (n_batches,) the epoch's order of those batches
+
+    def __len__(self) -> int:
+        return len(self.batch_order)
+
+    def __getitem__(self, i: int | slice) -> PlanBatch | list[PlanBatch]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(len(self))[i]]
+        number = range(len(self))[i]  # IndexError past the end, as a list would
+        j = int(self.batch_order[number])
+        return PlanBatch(number, self.order[j * self.batch_size : (j + 1) * self.batch_size])
+
+
+def plan_epoch(sample_map: np.ndarray, offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int,
+               batch_size: int, seed: int, epoch: int) -> EpochPlan:
+    """Draw one epoch's pairs for all samples at once from (seed, epoch), as make_instances does one by one: A ends
+    uniformly inside the chunk; half the pairs are IsNext (B = the rest of the chunk); NotNext pairs take B from a
+    uniformly drawn other document, from a random sentence on, sentence by sentence until B holds
+    max(1, target - len(A)) tokens or the document ends. Then length-grouped batches, as length_batches."""
+    n_docs = len(doc_starts) - 1
+    if n_docs < 2:
+        raise ValueError("next sentence prediction needs at least two documents")
+    rng = np.random.default_rng([seed, 2, epoch])
+    offsets, doc_starts = np.asarray(offsets), np.asarray(doc_starts)  # views of memmaps, not copies
+    doc, first, end, target = (np.asarray(sample_map[:, c]) for c in range(4))  # (N,) each
+    n = len(doc)
+    a_end = rng.integers(first + 1, end)  # (N,) A keeps one sentence at least, and leaves one for IsNext
+    is_next = rng.random(n) < 0.5
+    other = rng.integers(0, n_docs - 1, n)
+    other += other >= doc  # any document but the sample's own
+    start = rng.integers(doc_starts[other], doc_starts[other + 1])
+    len_a = offsets[a_end] - offsets[first]
+    wanted = np.maximum(1, target - len_a)
+    stop = np.minimum(np.maximum(np.searchsorted(offsets, offsets[start] + wanted), start + 1), doc_starts[other + 1])
+    b_start, b_end = np.where(is_next, a_end, start), np.where(is_next, end, stop)
+    lengths = np.minimum(len_a + offsets[b_end] - offsets[b_start], max_seq_len - 3) + 3
+    order, batch_order = _length_batches(lengths, batch_size, rng)
+    return EpochPlan(sample_map, max_seq_len, batch_size, a_end, b_start, b_end, is_next, lengths, order, batch_order)
+
+
+def _length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
+                    pool: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    """length_batches on arrays: shuffle, sort by length within pools of pool*batch_size, cut into batch_size
+    slices (only the very last can be short), shuffle the batch order. Returns (order, batch_order)."""
+    shuffled = rng.permutation(len(lengths))
+    pools = np.arange(len(lengths)) // (pool * batch_size)
+    order = shuffled[np.lexsort((lengths[shuffled], pools))]  # stable: equal lengths keep the shuffled order
+    return order, rng.permutation(-(-len(lengths) // batch_size))
+
+
+def truncated_lengths(len_a: np.ndarray, len_b: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The lengths _truncate_pair leaves, in closed form. The longer side is cut first, so either only it is cut
+    (to max_tokens minus the other) or both meet near half, A keeping the odd token (a tie cuts B)."""
+    over = len_a + len_b > max_tokens
+    keep_a = np.where(over, np.minimum(len_a, np.maximum((max_tokens + 1) // 2, max_tokens - len_b)), len_a)
+    return keep_a, np.where(over, max_tokens - keep_a, len_b)
+
+
+def make_plan_batch(plan: EpochPlan, spec: PlanBatch, tokens: np.ndarray, offsets: np.ndarray, ids: SpecialIds,
+                    mask_prob: float, max_predictions: int, generator: torch.Generator,
+                    multiple: int = 1) -> BertBatch:
+    """The batch `spec` of `plan`, its rows read from the token array now: pairs truncated as _truncate_pair
+    (A loses tokens at its start, B at its end), laid out as collate_pairs, masked by mask_tokens."""
+    rows, offsets = spec.rows, np.asarray(offsets)
+    a_first, a_end = offsets[plan.sample_map[rows, FIRST]], offsets[plan.a_end[rows]]  # (B,) token positions
+    b_first = offsets[plan.b_start[rows]]
+    keep_a, keep_b = truncated_lengths(a_end - a_first, offsets[plan.b_end[rows]] - b_first, plan.max_seq_len - 3)
+    input_ids, segments = _pack_pairs(tokens, a_end - keep_a, keep_a, b_first, keep_b, ids, multiple)
+    nsp = torch.from_numpy(np.where(plan.is_next[rows], IS_NEXT, NOT_NEXT))
+    masked, labels = mask_tokens(input_ids, ids, mask_prob, max_predictions, generator)
+    return BertBatch(masked, segments, labels, nsp, masked=int(labels.ne(IGNORE).sum()),
+                     real_tokens=int(input_ids.ne(ids.pad).sum()))
+
+
+def _pack_pairs(tokens: np.ndarray, a_from: np.ndarray, a_len: np.ndarray, b_from: np.ndarray, b_len: np.ndarray,
+                ids: SpecialIds, multiple: int) -> tuple[Tensor, Tensor]:
+    """(B, T) rows `[CLS] A [SEP] B [SEP] [PAD]...` gathered from `tokens` in one read, and their segment ids
+    (B and its [SEP] are 1); T is the longest row rounded up to a multiple of `multiple`."""
+    T = -(-int((a_len + b_len).max() + 3) // multiple) * multiple
+    col = np.arange(T)[None, :]  # (1, T)
+    a_from, a_len, b_from, b_len = (x[:, None] for x in (a_from, a_len, b_from, b_len))  # (B, 1)
+    in_a = (col >= 1) & (col <= a_len)
+    b_col = col - (a_len + 2)  # (B, T) position within B
+    in_b = (b_col >= 0) & (b_col < b_len)
+    source = np.where(in_a, a_from + col - 1, b_from + b_col)
+    text = np.asarray(tokens[np.where(in_a | in_b, source, 0)], dtype=np.int64)  # (B, T)
+    input_ids = np.where(in_a | in_b, text, ids.pad)
+    input_ids[:, 0] = ids.cls
+    input_ids[(col == a_len + 1) | (b_col == b_len)] = ids.sep
+    segments = ((b_col >= 0) & (b_col <= b_len)).astype(np.int64)
+    return torch.from_numpy(input_ids), torch.from_numpy(segments)
