@@ -113,6 +113,27 @@ def train(config: ConfigOpt, set_: SetOpt = None, out: OutOpt = None, resume: Re
 
 @app.command()
 @user_errors
+def preprocess(config: ConfigOpt, out: Annotated[Path, typer.Option("--out", help="folder to write (then train "
+                                                                    "with --set data.preprocessed=FOLDER)")],
+               set_: SetOpt = None, force: Annotated[bool, typer.Option(
+                   "--force", help="replace another preprocessing in --out")] = False, quiet: QuietOpt = False) -> None:
+    """Tokenise a config's data once into memory-mapped arrays (translation or BERT config)."""
+    from transformer_cli.params import file_config
+    from transformer_cli.run import run_preprocess
+
+    cfg = file_config(config, set_)
+    if type(cfg).__name__ == "BertRunConfig":
+        from transformer_cli.tasks.bert import BertSetup as Setup
+    else:
+        from transformer_cli.tasks.translation import TranslationSetup as Setup
+    manifest = run_preprocess(Setup(cfg), out, force, quiet)
+    if not quiet:
+        print(f"preprocessed data in {manifest.folder}: train with --set data.preprocessed={manifest.folder}",
+              file=sys.stderr)
+
+
+@app.command()
+@user_errors
 def translate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a .pt file written by tcli train")],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="one sentence per line (default stdin)")] = None,

@@ -128,7 +128,8 @@ class VocabConfig(Section):
     joint: bool = Field(True, description="one vocabulary for source and target (needed to share embeddings)")
     character_coverage: float = Field(1.0, gt=0.0, le=1.0, description="share of characters covered")
     max_sentences: int = Field(2_000_000, ge=1, le=1_000_000_000,
-                               description="at most this many lines train the vocabulary")
+                               description="at most this many lines, drawn at random, train the vocabulary")
+    model: str | None = Field(None, description="an existing sentencepiece .model to use instead of training one")
 
 
 class TrainConfig(Section):
@@ -177,6 +178,8 @@ class TranslationDataConfig(Section):
     test: str | None = Field("test", description="test split name, scored at the end of training (null: none)")
     max_len: int = Field(128, ge=1, le=MAX_POSITIONS,
                          description="training pairs with a side longer than this (in pieces) are dropped")
+    preprocessed: str | None = Field(None, description="a folder written by tcli preprocess (default: the run "
+                                     "preprocesses into its own data/ folder)")
 
 
 class TransformerConfig(Section):
@@ -227,6 +230,8 @@ class TranslationRunConfig(Section):
             raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
         if m.d_model % 2:
             raise ValueError(f"model.d_model ({m.d_model}) must be even for the sinusoidal positions")
+        if self.vocab.model is not None and not self.vocab.joint:
+            raise ValueError("vocab.model gives one sentencepiece model for both languages: it needs vocab.joint: true")
         if m.share_embeddings and not self.vocab.joint:
             raise ValueError("model.share_embeddings needs vocab.joint: true (or set model.share_embeddings: false)")
         if self.data.max_len + 2 > m.max_positions:
@@ -368,6 +373,8 @@ class BertDataConfig(Section):
     format: Literal["text", "wikitext"] = Field("text", description="text: blank lines separate documents; "
                                                 "wikitext: '= Title =' lines start documents")
     split_sentences: bool = Field(False, description="split lines into sentences with a rule-based splitter")
+    preprocessed: str | None = Field(None, description="a folder written by tcli preprocess (default: the run "
+                                     "preprocesses into its own data/ folder)")
     max_seq_len: int = Field(128, ge=8, le=MAX_POSITIONS, description="tokens per sequence, [CLS] and [SEP]s included")
     short_seq_prob: float = Field(0.1, ge=0.0, le=1.0, description="share of sequences with a shorter random target")
     mask_prob: float = Field(0.15, gt=0.0, lt=1.0, description="share of non-special positions chosen for MLM")

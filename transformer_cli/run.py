@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -18,18 +19,21 @@ from typing import Any, Protocol
 
 from transformer_cli import __version__
 from transformer_cli.checkpoint import Checkpoint, read_checkpoint, remove_stale_temporaries, write_atomic
-from transformer_cli.config import dump_config
+from transformer_cli.config import VocabConfig, dump_config
+from transformer_cli.datasets import shards
+from transformer_cli.datasets.shards import Manifest, describe_file, read_manifest
 from transformer_cli.errors import UserError
 from transformer_cli.vocab import Vocab
 
 MARKER = "run.json"  # names a tcli run directory: kind, version, status
 LOCK = ".lock"
-OWN_ENTRIES = {MARKER, LOCK, "config.yaml", "vocab", "checkpoints", "metrics.jsonl", "tb"}
+OWN_ENTRIES = {MARKER, LOCK, "config.yaml", "vocab", "data", "checkpoints", "metrics.jsonl", "tb"}
 
 # Keys that may differ when a run is resumed: they change neither the model, the vocabulary, nor the order
 # in which the data are fed (which the checkpoint's saved position refers to). Everything else is refused.
 SAFE_ON_RESUME = frozenset({
     "data.dir",  # the training files are compared by their hash, wherever they are
+    "data.preprocessed",  # so are preprocessed ones (their manifest holds the hash of the text they came from)
     "data.test",
     "train.max_steps", "train.max_epochs", "train.max_minutes",
     "train.eval_every", "train.save_every", "train.log_every", "train.keep_last", "train.patience",
@@ -259,14 +263,18 @@ class TaskSetup(Protocol):
 
     kind: str  # "translation" | "bert"
 
-    def read_data(self) -> None: ...  # read and check the raw data (before anything is written)
+    def read_data(self) -> None: ...  # check the data can be read (before anything is written)
     def data_fingerprint(self) -> str: ...  # a hash of the training files
     def count_parameters(self) -> tuple[int, int]: ...  # (parameters, other elements) from the config
     def vocab_files(self) -> list[str]: ...  # names of the vocabulary's .model files, e.g. ["joint"]
     def vocab_settings(self) -> dict[str, Any]: ...  # what the vocabulary was built from
-    def train_vocabs(self, quiet: bool) -> list[Vocab]: ...
+    def train_vocabs(self, quiet: bool) -> list[Vocab]: ...  # from a bounded sample of the text, or given
     def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Vocab]: ...
-    def make_task(self, vocabs: list[Vocab], quiet: bool) -> Any: ...  # encode data, build model -> Task
+    def preprocessed(self) -> Manifest | None: ...  # the data.preprocessed folder (checked), if any
+    def data_settings(self) -> dict[str, Any]: ...  # what the token arrays depend on besides the vocabulary
+    def sources(self) -> dict[str, Any]: ...  # sizes and hashes of the text files
+    def write_shards(self, folder: Path, vocabs: list[Vocab], quiet: bool) -> dict[str, Any]: ...  # -> splits
+    def make_task(self, vocabs: list[Vocab], data: Manifest, quiet: bool) -> Any: ...  # build the model -> Task
 
 
 def run_training(setup: TaskSetup, cfg: Any, run_dir: Path, device: str = "auto", resume: bool = False,
@@ -296,14 +304,17 @@ def run_training(setup: TaskSetup, cfg: Any, run_dir: Path, device: str = "auto"
                 return {"event": "end", "step": step, "stop": finished, "already_finished": True}
         check_training_memory(*setup.count_parameters(), runtime.device)
         setup.read_data()
+        data_folder = directory.path / "data"
         if runtime.is_main:
             directory.start(cfg, fresh=ckpt is None)
             say(quiet, f"run directory {run_dir}; {runtime.describe()}")
-            vocabs = prepare_vocab(directory, setup, ckpt, quiet)
+            vocabs = prepare_vocab(directory.path, setup, ckpt, quiet)
+            data = prepare_data(data_folder, setup, vocabs, quiet)
         runtime.barrier()
-        if not runtime.is_main:
+        if not runtime.is_main:  # the other ranks map the same files: the page cache holds one copy
             vocabs = [Vocab.load(directory.path / "vocab" / f"{name}.model") for name in setup.vocab_files()]
-        task = setup.make_task(vocabs, quiet)
+            data = setup.preprocessed() or read_manifest(data_folder, setup.kind)
+        task = setup.make_task(vocabs, data, quiet)
         trainer = Trainer(task, cfg.train, run_dir, runtime, quiet)
         trainer.on_saved = directory.saved
         if ckpt is not None:
@@ -340,10 +351,11 @@ def _checkpoint_to_resume(directory: RunDirectory, resume: bool, quiet: bool) ->
     return None
 
 
-def prepare_vocab(directory: RunDirectory, setup: TaskSetup, ckpt: Checkpoint | None, quiet: bool) -> list[Vocab]:
-    """The run's vocabulary: the checkpoint's when resuming; else the one in the run directory if it was built
-    from the same settings and data (vocab/vocab.json says so); else a new one, saved with those settings."""
-    folder = directory.path / "vocab"
+def prepare_vocab(root: Path, setup: TaskSetup, ckpt: Checkpoint | None, quiet: bool) -> list[Vocab]:
+    """The vocabulary of a run (or of a preprocessed folder) in `root`/vocab: the checkpoint's when resuming;
+    else the one in `root`/vocab if it was built from the same settings and data (vocab/vocab.json says so);
+    else a new one, saved with those settings."""
+    folder = root / "vocab"
     paths = [folder / f"{name}.model" for name in setup.vocab_files()]
     meta_path = folder / "vocab.json"
     settings = setup.vocab_settings()
@@ -369,3 +381,136 @@ def _read_json(path: Path) -> Any:
     except (OSError, ValueError):
         return None
 
+
+
+# ----------------------------------------------------------------------------- preprocessed data
+
+
+def vocab_settings(kind: str, v: VocabConfig, seed: int, data: str) -> dict[str, Any]:
+    """What a vocabulary was built from: its settings and data, or the hash of the user's own model."""
+    settings = v.model_dump(mode="json")
+    if v.model is not None:
+        settings["model"] = describe_file(Path(v.model))["sha256"] if Path(v.model).is_file() else v.model
+    return {"kind": kind, "vocab": settings, "seed": seed, "data": data}
+
+
+def check_preprocessed(manifest: Manifest, settings: dict[str, Any], vocab: VocabConfig) -> None:
+    """data.preprocessed must hold what the config describes: the same splits and filters, the same
+    vocabulary settings; a difference names the key."""
+    found = manifest.data["settings"]
+    for key, value in settings.items():
+        if found.get(key) != value:
+            raise UserError(f"data.{key} is {value!r} in the config but {manifest.folder} was preprocessed with "
+                            f"{found.get(key)!r}; use the config it was made with, or preprocess again")
+    wanted = vocab_settings("", vocab, 0, "")["vocab"]
+    built = manifest.data["vocab_settings"]["vocab"]
+    for key, value in wanted.items():
+        if built.get(key) != value:
+            raise UserError(f"vocab.{key} is {value!r} in the config but {manifest.folder} was tokenised with a "
+                            f"vocabulary of {key} {built.get(key)!r}; use the config it was made with, or "
+                            "preprocess again")
+
+
+def prepare_data(folder: Path, setup: TaskSetup, vocabs: list[Vocab], quiet: bool) -> Manifest:
+    """The run's token arrays: the data.preprocessed folder, checked against the run's vocabulary; else the
+    run's own `data/` folder, reused when its manifest matches the settings, the vocabulary and the text files
+    (a resume tokenises nothing), and written otherwise."""
+    given = setup.preprocessed()
+    if given is not None:
+        if given.data["vocab_sha256"] != _vocab_hashes(setup, vocabs):
+            raise UserError(f"{given.folder} was tokenised with another vocabulary than this run's; preprocess "
+                            "again (with the run's vocab.model) or start a new --out")
+        return given
+    expected = _expected_manifest(setup, vocabs)
+    found = _complete(folder, setup.kind)
+    if found is not None and _differences(found.data, expected) == []:
+        say(quiet, f"tokenised data: {folder} (up to date)")
+        return found
+    return write_preprocessed(folder, setup, vocabs, expected, quiet)
+
+
+def _vocab_hashes(setup: TaskSetup, vocabs: list[Vocab]) -> dict[str, str]:
+    return {name: shards.sha256_bytes(v.model_bytes) for name, v in zip(setup.vocab_files(), vocabs)}
+
+
+def _expected_manifest(setup: TaskSetup, vocabs: list[Vocab]) -> dict[str, Any]:
+    return {"kind": setup.kind, "settings": setup.data_settings(), "vocab_sha256": _vocab_hashes(setup, vocabs),
+            "sources": setup.sources()}
+
+
+def _complete(folder: Path, kind: str) -> Manifest | None:
+    try:
+        return read_manifest(folder, kind)
+    except UserError:
+        return None
+
+
+def _differences(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    return [key for key, value in expected.items() if found.get(key) != value]
+
+
+def write_preprocessed(folder: Path, setup: TaskSetup, vocabs: list[Vocab], expected: dict[str, Any],
+                       quiet: bool) -> Manifest:
+    """Tokenise the text into `folder`: the old manifest goes first, the new one last (atomically)."""
+    say(quiet, f"tokenising the data into {folder}")
+    shards.begin(folder)
+    for name, vocab in zip(setup.vocab_files(), vocabs):
+        write_atomic(vocab.model_bytes, folder / "vocab" / f"{name}.model")
+    splits = setup.write_shards(folder, vocabs, quiet)
+    shards.finish(folder, {**expected, "tcli": __version__,
+                           "dtype": shards.token_dtype(max(len(v) for v in vocabs)).str,
+                           "vocab_files": setup.vocab_files(), "vocab_settings": setup.vocab_settings(),
+                           "data_fingerprint": setup.data_fingerprint(), "splits": splits})
+    for name, split in splits.items():
+        dropped = ", ".join(f"{n:,} {reason.replace('_', ' ')}" for reason, n in split.get("dropped", {}).items() if n)
+        say(quiet, f"{name}: " + ", ".join(f"{n:,} {what}" for what, n in split["counts"].items())
+            + (f" (dropped: {dropped})" if dropped else ""))
+    return read_manifest(folder, setup.kind)
+
+
+PREPROCESSED_ENTRY = re.compile(r"^(manifest\.json|vocab|\.lock|.+\.(bin|idx|ref|docs)|\..+\.tmp\d+)$")
+
+
+def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool = False) -> Manifest:
+    """`tcli preprocess`: the vocabulary and the token arrays of a config's data in `out`, for data.preprocessed.
+    Up to date: nothing is done. Another preprocessing there is replaced only with --force."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory")
+    foreign = sorted(p.name for p in out.iterdir() if not PREPROCESSED_ENTRY.match(p.name)) if out.is_dir() else []
+    if foreign:
+        raise UserError(f"--out {out} is not empty and is not a preprocessed-data folder (it holds "
+                        f"{', '.join(foreign[:3])}); choose a new or empty directory")
+    if setup.preprocessed() is not None:
+        raise UserError("the config sets data.preprocessed: tcli preprocess writes such a folder from the text "
+                        "files; remove the key")
+    setup.read_data()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise UserError(f"cannot create {out}: {e.strerror}") from None
+    try:
+        if not _try_lock(fd):
+            raise UserError(f"{out} is in use by another tcli command (PID {_read_pid(fd)}); wait for it to end")
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        found = _complete(out, setup.kind)
+        if found is not None and not force:
+            vocabs = [Vocab.load(p) for p in found.vocab_paths()]
+            expected = {**_expected_manifest(setup, vocabs), "vocab_settings": setup.vocab_settings()}
+            changed = _differences(found.data, expected)
+            if not changed:
+                say(quiet, f"{out} is up to date; nothing to do")
+                return found
+            key = changed[0]
+            if isinstance(expected[key], dict):  # name the setting or file inside
+                inner = [k for k in {**expected[key], **found.data.get(key, {})}
+                         if expected[key].get(k) != found.data.get(key, {}).get(k)]
+                key = f"{key} ({', '.join(map(str, inner[:3]))})" if inner else key
+            raise UserError(f"{out} holds preprocessed data with other {key}; use --force to replace it, or "
+                            "another --out")
+        remove_stale_temporaries(out)
+        vocabs = prepare_vocab(out, setup, None, quiet)
+        return write_preprocessed(out, setup, vocabs, _expected_manifest(setup, vocabs), quiet)
+    finally:
+        os.close(fd)

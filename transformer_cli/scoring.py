@@ -76,7 +76,7 @@ def translation_validation(model: nn.Module, data: ParallelData, tgt_vocab: Voca
     metrics = {"valid_loss": result.loss, "valid_ppl": result.ppl}
     if opts is not None:
         hyps = translate_texts(model, data.src, opts, tgt_vocab, device, context)
-        metrics["bleu"] = bleu(hyps, data.tgt_text)[0]
+        metrics["bleu"] = bleu(hyps, data.references())[0]
     return metrics
 
 

@@ -108,3 +108,19 @@ def train_vocab(
                         f"({len(sample)} lines): {detail}; a small corpus needs a smaller vocab.size, or add text"
                         ) from None
     return Vocab(out.getvalue())
+
+
+def load_model_file(path: str | Path, key: str = "vocab.model") -> Vocab:
+    """A user's own sentencepiece model (`vocab.model`); a missing or unreadable file is one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{key}: {path} is not a file; give the path of a sentencepiece .model")
+    return Vocab.load(path)
+
+
+def check_translation_vocab(vocab: Vocab, source: str) -> None:
+    """Translation models rely on <pad> 0, <unk> 1, <s> 2, </s> 3 (the ids tcli trains vocabularies with)."""
+    have = (vocab.pad_id, vocab.unk_id, vocab.bos_id, vocab.eos_id)
+    if have != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+        raise UserError(f"{source} has pad/unk/bos/eos ids {'/'.join(map(str, have))}, tcli needs 0/1/2/3: train it "
+                        "with spm_train --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3, or leave vocab.model unset")

@@ -64,7 +64,7 @@ def read_documents(path: Path, fmt: str, split: bool) -> list[list[str]]:
     docs: list[list[str]] = [[]]
     for line in read_lines(path):
         text = line.strip()
-        level = _heading_level(text) if fmt == "wikitext" else 0
+        level = heading_level(text) if fmt == "wikitext" else 0
         if level:
             if level == 1:
                 docs.append([])
@@ -77,7 +77,7 @@ def read_documents(path: Path, fmt: str, split: bool) -> list[list[str]]:
     return [d for d in docs if d]
 
 
-def _heading_level(text: str) -> int:
+def heading_level(text: str) -> int:
     """WikiText headings: `= Title =` is level 1, `= = Section = =` level 2, ...; other lines 0."""
     words = text.split()
     if len(words) < 3 or words[0] != "=" or words[-1] != "=":
@@ -112,14 +112,19 @@ class Instance:
 
 def check_corpus(docs: list[list[list[int]]], name: str, fmt: str = "text") -> None:
     """At least two documents, one of them with two sentences; the advice depends on data.format."""
-    if not docs:
+    check_document_counts(len(docs), max(map(len, docs), default=0), name, fmt)
+
+
+def check_document_counts(documents: int, longest: int, name: str, fmt: str = "text") -> None:
+    """check_corpus from the counts: `documents` documents, the longest with `longest` sentences."""
+    if not documents:
         raise UserError(f"{name} holds no text: BERT pretraining needs documents separated by blank lines")
-    if len(docs) < 2:
+    if documents < 2:
         how = ("no ' = Title = ' line starts a second document; plain text with blank lines between documents "
                "needs data.format: text" if fmt == "wikitext"
                else "separate documents with a blank line, or use data.format: wikitext for WikiText files")
         raise UserError(f"{name} holds a single document; next sentence prediction needs at least two ({how})")
-    if not any(len(d) >= 2 for d in docs):
+    if longest < 2:
         raise UserError(f"{name}: no document has two sentences, so there is no real next sentence "
                         "(one sentence per line, or set data.split_sentences: true)")
 

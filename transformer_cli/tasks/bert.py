@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,23 +17,33 @@ from transformer_cli.checkpoint import Checkpoint, check_bert_vocab
 from transformer_cli.config import BertRunConfig
 from transformer_cli.datasets.bert import (
     BertBatch,
-    Instance,
+    EpochPlan,
+    PlanBatch,
     SpecialIds,
-    check_corpus,
-    encode_documents,
-    length_batches,
-    make_batch,
-    make_instances,
-    read_documents,
+    check_document_counts,
+    heading_level,
+    make_plan_batch,
+    plan_epoch,
+    sample_map_cached,
+    split_sentences,
 )
-from transformer_cli.datasets.text import fingerprint
+from transformer_cli.datasets.shards import (
+    Manifest,
+    describe_file,
+    document_starts,
+    lines_of,
+    preprocess_documents,
+    read_manifest,
+    reservoir,
+)
+from transformer_cli.datasets.text import fingerprint, stream_lines
 from transformer_cli.errors import UserError
 from transformer_cli.models.builders import build_bert
 from transformer_cli.params import bert_formula
-from transformer_cli.run import run_training, say
+from transformer_cli.run import check_preprocessed, run_training, say, vocab_settings
 from transformer_cli.scoring import bert_special_ids, bert_validation, held_out_instances
 from transformer_cli.train.runtime import Runtime
-from transformer_cli.vocab import Vocab, train_vocab
+from transformer_cli.vocab import Vocab, load_model_file, train_vocab
 
 
 def train_bert_vocab(sentences: list[str], cfg: BertRunConfig, source: str = "the training text") -> Vocab:
@@ -50,35 +63,46 @@ class BertTask:
     throughput_key = "tokens_per_sec"
     best_metric, best_mode = "mlm_loss", "min"
 
-    def __init__(self, cfg: BertRunConfig, vocab: Vocab, train_docs: list, valid_docs: list, model: nn.Module,
-                 data_fingerprint: str):
+    def __init__(self, cfg: BertRunConfig, vocab: Vocab, data: Manifest, model: nn.Module, data_fingerprint: str):
         self.cfg, self.vocab, self.model = cfg, vocab, model
         self.ids = special_ids(vocab)
-        self.train_docs, self.data_fingerprint = train_docs, data_fingerprint
-        self._epoch: int | None = None
-        self._instances: list[Instance] = []
-        self.valid = held_out_instances(valid_docs, cfg.train.seed, cfg.data.max_seq_len, cfg.data.short_seq_prob)
+        self.data_fingerprint = data_fingerprint
+        d = cfg.data
+        self.train = data.array("train", "text")
+        self.doc_starts = document_starts(data.folder, "train")
+        # The chunks NSP samples are cut from: computed once, cached beside the arrays when that folder is writable.
+        cache = data.folder if os.access(data.folder, os.W_OK) else None
+        self.sample_map = sample_map_cached(cache, self.train.offsets, self.doc_starts, d.max_seq_len,
+                                            d.short_seq_prob, cfg.train.seed)
+        self._plan: tuple[int, EpochPlan] | None = None
+        self._reads = 0
+        valid = data.array("valid", "text")
+        starts = document_starts(data.folder, "valid").tolist()
+        docs = [[valid.sentence(i) for i in range(a, b)] for a, b in zip(starts, starts[1:])]
+        self.valid = held_out_instances(docs, cfg.train.seed, d.max_seq_len, d.short_seq_prob)
 
     def _seed(self, *parts: int) -> int:
         return hash((self.cfg.train.seed, *parts)) & 0x7FFF_FFFF_FFFF
 
-    def epoch_batches(self, epoch: int) -> list[tuple[int, list[int]]]:
-        """(batch number, instance indices): pairs and batch order are drawn afresh each epoch."""
-        if self._epoch != epoch:
+    def epoch_batches(self, epoch: int) -> EpochPlan:
+        """The epoch's NSP pairs and batch order, drawn for all samples at once; the same number every epoch."""
+        if self._plan is None or self._plan[0] != epoch:
             d = self.cfg.data
-            rng = random.Random(self._seed(1, epoch))
-            self._instances = make_instances(self.train_docs, d.max_seq_len, d.short_seq_prob, rng)
-            self._epoch = epoch
-            self._batches = length_batches([len(x) for x in self._instances], self.cfg.train.batch_size, rng)
-        return list(enumerate(self._batches))
+            plan = plan_epoch(self.sample_map, self.train.offsets, self.doc_starts, d.max_seq_len,
+                              self.cfg.train.batch_size, self.cfg.train.seed, epoch)
+            self._plan = (epoch, plan)
+        return self._plan[1]
 
-    def make_batch(self, spec: tuple[int, list[int]], epoch: int) -> BertBatch:
-        number, indices = spec
-        self.epoch_batches(epoch)
-        generator = torch.Generator().manual_seed(self._seed(2, epoch, number))
+    def make_batch(self, spec: PlanBatch, epoch: int) -> BertBatch:
+        plan = self.epoch_batches(epoch)
+        generator = torch.Generator().manual_seed(self._seed(2, epoch, spec.number))
         d = self.cfg.data
-        return make_batch([self._instances[i] for i in indices], self.ids, d.mask_prob, d.max_predictions, generator,
-                          multiple=self.cfg.train.pad_to_multiple)
+        batch = make_plan_batch(plan, spec, self.train.tokens, self.train.offsets, self.ids, d.mask_prob,
+                                d.max_predictions, generator, multiple=self.cfg.train.pad_to_multiple)
+        self._reads += 1
+        if self._reads % 32 == 0:  # keep only the pages of recent batches mapped (see TokenArray.release)
+            self.train.release()
+        return batch
 
     def step_loss(self, model: nn.Module, batch: BertBatch, norms: dict[str, int]) -> tuple[Tensor, dict]:
         out = model(batch.input_ids, batch.segment_ids, batch.mlm_labels, batch.nsp_labels)
@@ -113,23 +137,44 @@ class BertSetup:
         self.cfg, self.init_from_hf = cfg, init_from_hf
         d = cfg.data
         self.paths = {name: Path(d.dir) / getattr(d, name) for name in ("train", "valid")}
-        self.raw: dict[str, list[list[str]]] = {}
         self.hf_weights, self.hf_vocab = None, None
         self._fingerprint: str | None = None
+        self._sources: dict[str, Any] | None = None
+        self._manifest: Manifest | None = None
 
     def read_data(self) -> None:
-        d = self.cfg.data
-        self.raw = {name: read_documents(path, d.format, d.split_sentences) for name, path in self.paths.items()}
-        for name, docs in self.raw.items():
-            check_corpus(docs, str(self.paths[name]), d.format)
+        """The text files are read through once before anything is written: a missing file, invalid UTF-8 or
+        a corpus without two documents stops the run here (in bounded memory)."""
+        if self.preprocessed() is None:
+            for path in self.paths.values():
+                documents, longest = document_counts(path, self.cfg.data)
+                check_document_counts(documents, longest, str(path), self.cfg.data.format)
         if self.init_from_hf is not None:
             from transformer_cli.hf import load_hf_bert
 
             self.hf_weights, self.hf_vocab = load_hf_bert(self.init_from_hf, self.cfg.model)
 
+    def preprocessed(self) -> Manifest | None:
+        d = self.cfg.data
+        if d.preprocessed is not None and self._manifest is None:
+            self._manifest = read_manifest(Path(d.preprocessed), self.kind)
+            check_preprocessed(self._manifest, self.data_settings(), self.cfg.vocab)
+        return self._manifest
+
+    def data_settings(self) -> dict[str, Any]:
+        d = self.cfg.data
+        return {"train": d.train, "valid": d.valid, "format": d.format, "split_sentences": d.split_sentences}
+
+    def sources(self) -> dict[str, Any]:
+        if self._sources is None:
+            self._sources = {path.name: describe_file(path) for path in self.paths.values()}
+        return self._sources
+
     def data_fingerprint(self) -> str:
         if self._fingerprint is None:
-            self._fingerprint = fingerprint([self.paths["train"]])
+            manifest = self.preprocessed()
+            self._fingerprint = (manifest.data["data_fingerprint"] if manifest is not None
+                                 else fingerprint([self.paths["train"]]))
         return self._fingerprint
 
     def count_parameters(self) -> tuple[int, int]:
@@ -139,31 +184,46 @@ class BertSetup:
         return ["bert"]
 
     def vocab_settings(self) -> dict[str, Any]:
-        hf = hashlib.sha256(self.hf_vocab.model_bytes).hexdigest() if self.hf_vocab is not None else None
-        return {"kind": self.kind, "vocab": self.cfg.vocab.model_dump(mode="json"), "seed": self.cfg.train.seed,
-                "data": self.data_fingerprint(), "from_hf": hf}
+        settings = vocab_settings(self.kind, self.cfg.vocab, self.cfg.train.seed, self.data_fingerprint())
+        settings["from_hf"] = hashlib.sha256(self.hf_vocab.model_bytes).hexdigest() if self.hf_vocab else None
+        return settings
 
     def train_vocabs(self, quiet: bool) -> list[Vocab]:
-        if self.hf_vocab is not None:
-            return [self.hf_vocab]
-        v = self.cfg.vocab
-        say(quiet, f"training the sentencepiece vocabulary ({v.type}, up to {v.size} pieces)")
-        sentences = [s for doc in self.raw["train"] for s in doc]
-        return [train_bert_vocab(sentences, self.cfg, source=str(self.paths["train"]))]
+        manifest, v = self.preprocessed(), self.cfg.vocab
+        if manifest is not None:
+            vocab = Vocab.load(manifest.vocab_paths()[0])
+        elif self.hf_vocab is not None:
+            vocab = self.hf_vocab
+        elif v.model is not None:
+            vocab = load_model_file(v.model)
+        else:
+            say(quiet, f"training the sentencepiece vocabulary ({v.type}, up to {v.size} pieces, on at most "
+                       f"{v.max_sentences:,} sentences)")
+            sample = reservoir(document_sentences(self.paths["train"], self.cfg.data), v.max_sentences,
+                               self.cfg.train.seed)
+            return [train_bert_vocab(sample, self.cfg, source=str(self.paths["train"]))]
+        source = f"vocab.model {v.model}" if manifest is None and self.hf_vocab is None else str(self.paths["train"])
+        check_bert_vocab(vocab, source)
+        if self.hf_vocab is not None and vocab != self.hf_vocab:
+            raise UserError(f"the --init-from-hf folder has another vocabulary than {source}")
+        return [vocab]
 
     def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Vocab]:
         if self.hf_vocab is not None and self.hf_vocab != ckpt.vocabs[0]:
             raise UserError(f"the --init-from-hf folder has another vocabulary than {ckpt.path}")
         return [ckpt.vocabs[0]]
 
-    def make_task(self, vocabs: list[Vocab], quiet: bool) -> BertTask:
+    def write_shards(self, folder: Path, vocabs: list[Vocab], quiet: bool) -> dict[str, Any]:
+        d = self.cfg.data
+        splits = {"train": self.paths["train"], "valid": self.paths["valid"]}
+        return preprocess_documents(folder, splits, vocabs[0], d.format, d.split_sentences, quiet)
+
+    def make_task(self, vocabs: list[Vocab], data: Manifest, quiet: bool) -> BertTask:
         cfg, (vocab,) = self.cfg, vocabs
-        docs = {name: encode_documents(vocab, raw_docs) for name, raw_docs in self.raw.items()}
-        for name, encoded in docs.items():
-            n_sent = sum(len(x) for x in encoded)
-            n_tok = sum(len(s) for x in encoded for s in x)
-            say(quiet, f"{name}: {len(encoded)} documents, {n_sent} sentences, {n_tok} tokens ({self.paths[name]})")
-            check_corpus(encoded, str(self.paths[name]), cfg.data.format)
+        for name in ("train", "valid"):
+            split = data.split(name)
+            counts = ", ".join(f"{n:,} {what}" for what, n in split["counts"].items() if what != "lines")
+            say(quiet, f"{name}: {counts}, {split['tokens']['text']:,} tokens ({data.folder})")
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
         model = build_bert(cfg.model, len(vocab))
@@ -172,7 +232,31 @@ class BertSetup:
             say(quiet, f"initialised from {self.init_from_hf}")
         n_params = sum(p.numel() for p in model.parameters())
         say(quiet, f"model: {n_params:,} parameters; vocabulary {len(vocab)} pieces")
-        return BertTask(cfg, vocab, docs["train"], docs["valid"], model, self.data_fingerprint())
+        return BertTask(cfg, vocab, data, model, self.data_fingerprint())
+
+
+def document_sentences(path: Path, d: Any, boundary: str | None = None) -> Iterator[str | None]:
+    """The sentences of a BERT text file as a stream (headings and blank lines left out); with `boundary`, that
+    value is yielded where a document ends (a blank line, or a WikiText title)."""
+    for line in lines_of(stream_lines(path)):
+        text = line.strip()
+        level = heading_level(text) if d.format == "wikitext" else 0
+        if level or not text:
+            if boundary is not None and (level == 1 or (not text and d.format == "text")):
+                yield boundary
+            continue
+        yield from split_sentences(text) if d.split_sentences else [text]
+
+
+def document_counts(path: Path, d: Any) -> tuple[int, int]:
+    """(documents, sentences of the longest) of a BERT text file, counted as a stream."""
+    documents, longest, current = 0, 0, 0
+    for sentence in itertools.chain(document_sentences(path, d, boundary=""), [""]):
+        if sentence:
+            current += 1
+        elif current:
+            documents, longest, current = documents + 1, max(longest, current), 0
+    return documents, longest
 
 
 def pretrain_bert(cfg: BertRunConfig, run_dir: Path, device: str = "auto", resume: bool = False,

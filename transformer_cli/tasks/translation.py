@@ -2,53 +2,57 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from transformer_cli.checkpoint import Checkpoint, read_checkpoint
 from transformer_cli.config import TranslationRunConfig
-from transformer_cli.datasets.text import fingerprint
+from transformer_cli.datasets.shards import Manifest, describe_file, lines_of, read_manifest, reservoir
+from transformer_cli.datasets.text import count_lines, fingerprint, stream_lines
 from transformer_cli.datasets.translation import (
     Batch,
+    BatchPlan,
     ParallelData,
-    collate,
-    encode_parallel,
-    read_parallel,
+    ShardedPairs,
+    SplitFiles,
+    preprocess_parallel,
     split_paths,
     token_batches,
 )
+from transformer_cli.errors import UserError
 from transformer_cli.evaluate import translation_scores
 from transformer_cli.models.builders import build_transformer
 from transformer_cli.params import transformer_formula
-from transformer_cli.run import run_training, say
+from transformer_cli.run import check_preprocessed, run_training, say, vocab_settings
 from transformer_cli.scoring import eval_decode_options, translate_texts, translation_validation
 from transformer_cli.train.runtime import Runtime
-from transformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID, Vocab, train_vocab
+from transformer_cli.vocab import Vocab, check_translation_vocab, load_model_file, train_vocab
 
 
 class TranslationTask:
     kind = "translation"
     throughput_key = "tgt_tokens_per_sec"
 
-    def __init__(self, cfg: TranslationRunConfig, vocabs: tuple[Vocab, Vocab], train: ParallelData,
+    def __init__(self, cfg: TranslationRunConfig, vocabs: tuple[Vocab, Vocab], train: ShardedPairs,
                  valid: ParallelData, test: ParallelData | None, model: nn.Module, data_fingerprint: str):
         self.cfg, self.vocabs, self.model = cfg, vocabs, model
         self.train, self.valid, self.test = train, valid, test
         self.data_fingerprint = data_fingerprint
         self.best_metric, self.best_mode = ("bleu", "max") if cfg.eval.bleu else ("valid_loss", "min")
-        self._src_lens = [len(s) for s in train.src]
-        self._tgt_lens = [len(t) for t in train.tgt]
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
+    def epoch_batches(self, epoch: int) -> BatchPlan:
         t = self.cfg.train
-        return token_batches(self._src_lens, self._tgt_lens, t.max_tokens, t.seed, epoch, multiple=t.pad_to_multiple)
+        return token_batches(self.train.src_lens, self.train.tgt_lens, t.max_tokens, t.seed, epoch,
+                             multiple=t.pad_to_multiple)
 
-    def make_batch(self, spec: list[int], epoch: int) -> Batch:
-        return collate(self.train, spec, PAD_ID, BOS_ID, EOS_ID, multiple=self.cfg.train.pad_to_multiple)
+    def make_batch(self, spec: np.ndarray, epoch: int) -> Batch:
+        return self.train.batch(spec, multiple=self.cfg.train.pad_to_multiple)
 
     def step_loss(self, model: nn.Module, batch: Batch, norms: dict[str, int]) -> tuple[Tensor, dict]:
         out = model(batch.src, batch.tgt_in, labels=batch.labels, label_smoothing=self.cfg.train.label_smoothing)
@@ -79,7 +83,7 @@ class TranslationTask:
             self.model.eval()
             with torch.inference_mode():
                 hyps = self.translate(self.model, runtime, self.test)
-            scores = translation_scores(hyps, self.test.tgt_text)
+            scores = translation_scores(hyps, self.test.references())
             say(False, f"test ({self.cfg.data.test}, {name}): " + " | ".join(scores.lines()))
             reports.append({"split": self.cfg.data.test, "checkpoint": name, "bleu": scores.bleu,
                             "bleu_lc": scores.bleu_lc, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature})
@@ -91,21 +95,6 @@ class TranslationTask:
         return {"config": self.cfg.model_dump(mode="json"), "vocab": vocab, "data_fingerprint": self.data_fingerprint}
 
 
-def read_splits(cfg: TranslationRunConfig) -> dict[str, tuple[list[str], list[str]]]:
-    """Raw text of every split, read (and checked) before anything is written."""
-    d = cfg.data
-    names = [d.train, d.valid] + ([d.test] if d.test else [])
-    return {name: read_parallel(*split_paths(d.dir, name, d.src_lang, d.tgt_lang)) for name in names}
-
-
-def encode_split(name: str, lines: tuple[list[str], list[str]], vocabs: tuple[Vocab, Vocab], max_len: int | None,
-                 quiet: bool) -> ParallelData:
-    data = encode_parallel(*lines, vocabs[0], vocabs[1], max_len, split=name)
-    say(quiet, f"{name}: {len(data)} of {len(lines[0])} pairs kept ({data.dropped_empty} with an empty side dropped"
-               + (f", {data.dropped_long} over {max_len} pieces dropped)" if max_len else ")"))
-    return data
-
-
 class TranslationSetup:
     """What the shared run lifecycle (run.py) needs to know about translation."""
 
@@ -113,16 +102,56 @@ class TranslationSetup:
 
     def __init__(self, cfg: TranslationRunConfig):
         self.cfg = cfg
-        self.splits: dict[str, tuple[list[str], list[str]]] = {}
         self._fingerprint: str | None = None
+        self._sources: dict[str, Any] | None = None
+        self._manifest: Manifest | None = None
+
+    def split_files(self) -> list[SplitFiles]:
+        """The splits to tokenise: training pairs over data.max_len are dropped; validation and test keep every
+        non-empty pair (and their references)."""
+        d = self.cfg.data
+        names = [d.train, d.valid] + ([d.test] if d.test else [])
+        return [SplitFiles(name, *split_paths(d.dir, name, d.src_lang, d.tgt_lang), d.max_len if name == d.train
+                           else None, name != d.train) for name in dict.fromkeys(names)]
 
     def read_data(self) -> None:
-        self.splits = read_splits(self.cfg)
+        """Every file is read through once before anything is written: a missing file, invalid UTF-8 or
+        misaligned line counts stop the run here (in bounded memory, whatever the corpus size)."""
+        if self.preprocessed() is not None:
+            return
+        for split in self.split_files():
+            n_src, n_tgt = count_lines(split.src), count_lines(split.tgt)
+            if n_src != n_tgt:
+                raise UserError(f"line counts differ: {split.src} has {n_src} lines, {split.tgt} has {n_tgt}; "
+                                "the files must be aligned line by line")
+            if not n_src:
+                raise UserError(f"{split.src} and {split.tgt} are empty")
+
+    def preprocessed(self) -> Manifest | None:
+        d = self.cfg.data
+        if d.preprocessed is not None and self._manifest is None:
+            self._manifest = read_manifest(Path(d.preprocessed), self.kind)
+            check_preprocessed(self._manifest, self.data_settings(), self.cfg.vocab)
+        return self._manifest
+
+    def data_settings(self) -> dict[str, Any]:
+        d = self.cfg.data
+        return {"src_lang": d.src_lang, "tgt_lang": d.tgt_lang, "train": d.train, "valid": d.valid, "test": d.test,
+                "max_len": d.max_len}
+
+    def sources(self) -> dict[str, Any]:
+        if self._sources is None:
+            self._sources = {p.name: describe_file(p) for s in self.split_files() for p in (s.src, s.tgt)}
+        return self._sources
 
     def data_fingerprint(self) -> str:
         if self._fingerprint is None:
-            d = self.cfg.data
-            self._fingerprint = fingerprint(list(split_paths(d.dir, d.train, d.src_lang, d.tgt_lang)))
+            manifest = self.preprocessed()
+            if manifest is not None:
+                self._fingerprint = manifest.data["data_fingerprint"]
+            else:
+                d = self.cfg.data
+                self._fingerprint = fingerprint(list(split_paths(d.dir, d.train, d.src_lang, d.tgt_lang)))
         return self._fingerprint
 
     def count_parameters(self) -> tuple[int, int]:
@@ -133,29 +162,43 @@ class TranslationSetup:
         return ["joint"] if self.cfg.vocab.joint else ["src", "tgt"]
 
     def vocab_settings(self) -> dict[str, Any]:
-        return {"kind": self.kind, "vocab": self.cfg.vocab.model_dump(mode="json"), "seed": self.cfg.train.seed,
-                "data": self.data_fingerprint()}
+        return vocab_settings(self.kind, self.cfg.vocab, self.cfg.train.seed, self.data_fingerprint())
 
     def train_vocabs(self, quiet: bool) -> list[Vocab]:
-        v, train = self.cfg.vocab, self.cfg.data.train
-        src_lines, tgt_lines = self.splits[train]
-        corpora = [src_lines + tgt_lines] if v.joint else [src_lines, tgt_lines]
+        manifest, v = self.preprocessed(), self.cfg.vocab
+        if manifest is not None:
+            return [Vocab.load(p) for p in manifest.vocab_paths()]
+        if v.model is not None:
+            vocab = load_model_file(v.model)
+            check_translation_vocab(vocab, f"vocab.model {v.model}")
+            return [vocab]
+        train = self.split_files()[0]
+        corpora = [[train.src, train.tgt]] if v.joint else [[train.src], [train.tgt]]
         vocabs = []
-        for name, lines in zip(self.vocab_files(), corpora):
-            say(quiet, f"training the {name} sentencepiece vocabulary ({v.type}, up to {v.size} pieces)")
-            vocabs.append(train_vocab(lines, v.size, v.type, v.character_coverage, v.max_sentences,
-                                      self.cfg.train.seed, source=f"the {train} split"))
+        for name, paths in zip(self.vocab_files(), corpora):
+            say(quiet, f"training the {name} sentencepiece vocabulary ({v.type}, up to {v.size} pieces, on at most "
+                       f"{v.max_sentences:,} lines)")
+            lines = itertools.chain.from_iterable(lines_of(stream_lines(p)) for p in paths)
+            sample = reservoir(lines, v.max_sentences, self.cfg.train.seed)
+            vocabs.append(train_vocab(sample, v.size, v.type, v.character_coverage, v.max_sentences,
+                                      self.cfg.train.seed, source=f"the {train.name} split"))
         return vocabs
 
     def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Vocab]:
         return [ckpt.vocabs[0]] if self.cfg.vocab.joint else list(ckpt.vocabs)
 
-    def make_task(self, vocabs: list[Vocab], quiet: bool) -> TranslationTask:
+    def write_shards(self, folder: Path, vocabs: list[Vocab], quiet: bool) -> dict[str, Any]:
+        pair = (vocabs[0], vocabs[0]) if self.cfg.vocab.joint else (vocabs[0], vocabs[1])
+        return preprocess_parallel(folder, self.split_files(), pair, quiet)
+
+    def make_task(self, vocabs: list[Vocab], data: Manifest, quiet: bool) -> TranslationTask:
         cfg, d = self.cfg, self.cfg.data
         pair = (vocabs[0], vocabs[0]) if cfg.vocab.joint else (vocabs[0], vocabs[1])
-        train = encode_split(d.train, self.splits[d.train], pair, d.max_len, quiet)
-        valid = encode_split(d.valid, self.splits[d.valid], pair, cfg.model.max_positions - 2, quiet)
-        test = encode_split(d.test, self.splits[d.test], pair, None, quiet) if d.test else None
+        train = ShardedPairs(data, d.train)
+        valid = ShardedPairs(data, d.valid).load(max_len=cfg.model.max_positions - 2)
+        test = ShardedPairs(data, d.test).load() if d.test else None
+        say(quiet, f"{d.train}: {len(train):,} pairs, {d.valid}: {len(valid):,}" + (f", {d.test}: {len(test):,}" if test
+                                                                                   else "") + f" ({data.folder})")
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
         model = build_transformer(cfg.model, len(pair[0]), len(pair[1]))

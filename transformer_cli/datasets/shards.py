@@ -1,0 +1,390 @@
+"""Preprocessed corpora: text tokenised once into flat memory-mapped arrays (as fairseq's MMapIndexedDataset,
+Megatron-LM's .bin/.idx pairs and nanoGPT's train.bin), so that training never reads or tokenises text again
+and its memory does not grow with the corpus.
+
+A preprocessed folder holds, per split and side (translation: `src`, `tgt`; BERT: `text`):
+
+    {split}.{side}.bin   token ids, little-endian, dtype from the manifest (uint16 below 65,536 pieces, else int32)
+    {split}.{side}.idx   int64 offsets, one more than the sentences: sentence i = bin[idx[i]:idx[i+1]]
+    {split}.docs         (BERT) int64 sentence numbers where documents start, plus the sentence count at the end
+    {split}.ref          (translation, validation and test) the target text of the kept pairs, one per line
+    vocab/*.model        the sentencepiece model(s) the ids come from
+    manifest.json        written last, atomically: the format, the vocabulary's hash, the source files' sizes and
+                         hashes, the settings, and per split the counts, the dropped pairs by reason and the files'
+                         sizes; a folder without it is an interrupted preprocess and is never used
+
+Tokenising runs in worker processes, one per core, on blocks of lines read as a stream; only a bounded number
+of blocks is in flight, so a corpus of any size is preprocessed in bounded memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import itertools
+import json
+import mmap
+import os
+import random
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from transformer_cli.datasets.text import read_error, stream_lines
+from transformer_cli.errors import UserError
+
+FORMAT = "tcli-shards/1"
+MANIFEST = "manifest.json"
+BLOCK_LINES = 20_000  # lines per tokenising task
+IN_PROCESS_BYTES = 8 << 20  # smaller inputs are tokenised in this process (starting workers costs more)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype("<u2") if vocab_size < 65_536 else np.dtype("<i4")
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def describe_file(path: Path) -> dict[str, Any]:
+    """Size and sha256 of a source file, read in blocks."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as e:
+        raise read_error(e, path) from None
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+class TokenArray:
+    """One `{name}.bin` / `{name}.idx` pair, memory-mapped: sentences are read without loading the file.
+
+    Every process that opens the same files shares their pages (the OS page cache): torchrun ranks hold no
+    private copy. `release()` drops this process's mapping of the pages read so far (they stay cached), so
+    its resident memory stays that of the batches in use, not of the corpus it has walked through.
+    """
+
+    def __init__(self, folder: Path, name: str, dtype: np.dtype):
+        self.path = folder / f"{name}.bin"
+        self.tokens, self._maps = _map(self.path, dtype), []
+        self.offsets = _map(folder / f"{name}.idx", np.dtype("<i8"))
+        if len(self.offsets) == 0 or self.offsets[-1] != len(self.tokens) or self.offsets[0] != 0:
+            raise UserError(f"{self.path}: its index does not match its size; preprocess again")
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> np.ndarray:
+        """(n,) int32 sentence lengths in pieces."""
+        out = np.diff(self.offsets).astype(np.int32)
+        self.release()
+        return out
+
+    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The sentences `rows` as (flat int64 ids, lengths)."""
+        starts = self.offsets[rows]
+        lengths = self.offsets[rows + 1] - starts
+        return self.tokens[ranges(starts, lengths)].astype(np.int64), lengths
+
+    def sentence(self, i: int) -> list[int]:
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]].tolist()
+
+    def release(self) -> None:
+        for array in (self.tokens, self.offsets):
+            _release(array)
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated aranges: [starts[0], starts[0] + lengths[0]), [starts[1], ...), ... as one index array."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    shift = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)  # (total,)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+def _map(path: Path, dtype: np.dtype) -> np.ndarray:
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return np.zeros(0, dtype)
+        if size % dtype.itemsize:
+            raise UserError(f"{path} is truncated ({size} bytes is not a whole number of {dtype} values); "
+                            "preprocess again")
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}; preprocess again") from None
+    return np.frombuffer(mapped, dtype=dtype)
+
+
+def _release(array: np.ndarray) -> None:
+    mapped = array.base
+    if isinstance(mapped, mmap.mmap) and hasattr(mapped, "madvise"):
+        mapped.madvise(mmap.MADV_DONTNEED)
+
+
+@dataclass
+class Manifest:
+    folder: Path
+    data: dict[str, Any]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.data["dtype"])
+
+    def split(self, name: str) -> dict[str, Any]:
+        return self.data["splits"][name]
+
+    def array(self, split: str, side: str) -> TokenArray:
+        return TokenArray(self.folder, f"{split}.{side}", self.dtype)
+
+    def vocab_paths(self) -> list[Path]:
+        return [self.folder / "vocab" / f"{name}.model" for name in self.data["vocab_files"]]
+
+
+def read_manifest(folder: Path, kind: str) -> Manifest:
+    """A complete preprocessed folder of this kind, or a one-line error; file sizes are checked against the
+    manifest (a truncated array is caught here, before training)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"data.preprocessed: {folder} is not a folder; run tcli preprocess --out {folder} first")
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{folder} has no {MANIFEST}: its preprocessing did not finish; run tcli preprocess again")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is damaged ({e}); run tcli preprocess again") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UserError(f"{path} is not a tcli preprocessed-data manifest (format {FORMAT}); run tcli preprocess")
+    if data.get("kind") != kind:
+        raise UserError(f"{folder} holds {data.get('kind')} data, not {kind} data; preprocess with the {kind} config")
+    for split in data["splits"].values():
+        for name, size in split["files"].items():
+            file = folder / name
+            have = file.stat().st_size if file.is_file() else None
+            if have != size:
+                state = "is missing" if have is None else f"has {have} bytes, the manifest says {size}"
+                raise UserError(f"{file} {state} (truncated or changed); run tcli preprocess again")
+    for vocab in [folder / "vocab" / f"{n}.model" for n in data["vocab_files"]]:
+        if not vocab.is_file() or sha256_bytes(vocab.read_bytes()) != data["vocab_sha256"][vocab.stem]:
+            raise UserError(f"{vocab} is missing or differs from the one {folder} was tokenised with; "
+                            "run tcli preprocess again")
+    return Manifest(folder, data)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+class ArrayWriter:
+    """Appends sentences to `{name}.bin` and their offsets to `{name}.idx` as blocks arrive."""
+
+    def __init__(self, folder: Path, name: str, dtype: np.dtype):
+        self.names = (f"{name}.bin", f"{name}.idx")
+        self.dtype, self.total, self.count = dtype, 0, 0
+        self._bin = open(folder / self.names[0], "wb")
+        self._idx = open(folder / self.names[1], "wb")
+        self._idx.write(np.zeros(1, "<i8").tobytes())
+
+    def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self._bin.write(flat.astype(self.dtype, copy=False).tobytes())
+        self._idx.write((np.cumsum(lengths, dtype=np.int64) + self.total).astype("<i8").tobytes())
+        self.total += int(lengths.sum())
+        self.count += len(lengths)
+
+    def close(self) -> None:
+        for f in (self._bin, self._idx):
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+
+
+def flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token-id lists -> (flat int64 ids, int64 lengths)."""
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
+    return flat, lengths
+
+
+# Worker processes: each loads the sentencepiece models once.
+_MODELS: list[Any] = []
+
+
+def _init_worker(model_bytes: list[bytes]) -> None:
+    import sentencepiece as spm
+
+    _MODELS[:] = [spm.SentencePieceProcessor(model_proto=b) for b in model_bytes]
+
+
+def ordered_map(fn: Callable, tasks: Iterable[Any], model_bytes: list[bytes], workers: int) -> Iterator[Any]:
+    """fn(task) for every task, in order, in `workers` processes with at most 2 x workers tasks in flight
+    (Pool.imap would read the whole input ahead); `workers` 0 runs in this process."""
+    if workers == 0:
+        _init_worker(model_bytes)
+        yield from map(fn, tasks)
+        return
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (torch, tqdm)
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(model_bytes,)) as pool:
+        pending: collections.deque = collections.deque()
+        for task in tasks:
+            pending.append(pool.apply_async(fn, (task,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def choose_workers(paths: list[Path], workers: int | None) -> int:
+    if workers is not None:
+        return workers
+    size = sum(p.stat().st_size for p in paths if p.is_file())
+    return 0 if size < IN_PROCESS_BYTES or cores() == 1 else cores()
+
+
+def progress(desc: str, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(desc=desc, unit=" lines", unit_scale=True, dynamic_ncols=True, file=sys.stderr,
+                disable=quiet or not sys.stderr.isatty())
+
+
+def reservoir(lines: Iterable[str], size: int, seed: int) -> list[str]:
+    """At most `size` non-blank lines drawn uniformly from a stream (Algorithm R): all of them, in order, when
+    there are no more than `size`; memory is bounded by `size`, not by the stream."""
+    rng = random.Random(seed)
+    sample: list[str] = []
+    seen = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        seen += 1
+        if len(sample) < size:
+            sample.append(line)
+        else:
+            j = rng.randrange(seen)
+            if j < size:
+                sample[j] = line
+    return sample
+
+
+def begin(folder: Path) -> None:
+    """Start (or restart) writing a preprocessed folder: its manifest goes first, so that a folder whose
+    writing is interrupted never looks complete."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).unlink(missing_ok=True)
+
+
+def finish(folder: Path, manifest: dict[str, Any]) -> None:
+    from transformer_cli.checkpoint import write_atomic
+
+    manifest = {"format": FORMAT, **manifest}
+    write_atomic((json.dumps(manifest, indent=1) + "\n").encode(), folder / MANIFEST)
+
+
+def lines_of(blocks: Iterator[list[str]]) -> Iterator[str]:
+    return itertools.chain.from_iterable(blocks)
+
+
+def batched(items: Iterator[Any], n: int) -> Iterator[list[Any]]:
+    while True:
+        chunk = list(itertools.islice(items, n))
+        if not chunk:
+            return
+        yield chunk
+
+
+# ----------------------------------------------------------------------------- documents (BERT)
+
+
+def _encode_documents_block(task: tuple[list[str], str, bool, str]) -> dict[str, Any]:
+    """Worker: a block of lines -> its sentences' ids, and which sentences start a document. A boundary (a blank
+    line, or a WikiText title) before a sentence that encodes to nothing moves to the next sentence; one after
+    the block's last sentence is carried to the next block (`trailing`)."""
+    from transformer_cli.datasets.bert import heading_level, split_sentences
+
+    lines, fmt, split, dtype = task
+    sentences: list[str] = []
+    starts: list[bool] = []
+    boundary = False
+    for line in lines:
+        text = line.strip()
+        level = heading_level(text) if fmt == "wikitext" else 0
+        if level or not text:
+            boundary = boundary or level == 1 or (not text and fmt == "text")
+            continue
+        for sentence in split_sentences(text) if split else [text]:
+            sentences.append(sentence)
+            starts.append(boundary)
+            boundary = False
+    flat, lengths = flatten(_MODELS[0].encode(sentences, num_threads=1))
+    kept_starts, carry = [], False
+    for length, start in zip(lengths.tolist(), starts):
+        carry = carry or start
+        if length:
+            kept_starts.append(carry)
+            carry = False
+    return {"tokens": flat.astype(dtype), "lengths": lengths[lengths > 0], "starts": np.array(kept_starts, bool),
+            "trailing": carry or boundary, "lines": len(lines)}
+
+
+def preprocess_documents(folder: Path, splits: dict[str, Path], vocab: Any, fmt: str, split_sentences: bool,
+                         quiet: bool, workers: int | None = None) -> dict[str, dict[str, Any]]:
+    """Tokenise BERT text files into `folder`: {split}.text.bin/.idx (sentences) and {split}.docs (where the
+    documents start); returns each split's counts and file sizes for the manifest."""
+    from transformer_cli.datasets.bert import check_document_counts
+
+    dtype = token_dtype(len(vocab))
+    workers = choose_workers(list(splits.values()), workers)
+    out: dict[str, dict[str, Any]] = {}
+    with progress("preprocess", quiet) as bar:
+        for name, path in splits.items():
+            writer = ArrayWriter(folder, f"{name}.text", dtype)
+            doc_starts: list[np.ndarray] = []
+            boundary, lines = True, 0  # the first sentence starts a document
+            tasks = ((block, fmt, split_sentences, dtype.str) for block in batched(lines_of(stream_lines(path)),
+                                                                                   BLOCK_LINES))
+            for block in ordered_map(_encode_documents_block, tasks, [vocab.model_bytes], workers):
+                starts = block["starts"]
+                if len(starts):
+                    starts[0] |= boundary
+                    doc_starts.append(writer.count + np.flatnonzero(starts))
+                    boundary = block["trailing"]
+                else:
+                    boundary = boundary or block["trailing"]
+                writer.add(block["tokens"], block["lengths"])
+                lines += block["lines"]
+                bar.update(block["lines"])
+            writer.close()
+            docs = np.concatenate(doc_starts + [np.array([writer.count])]).astype("<i8")
+            check_document_counts(len(docs) - 1, int(np.diff(docs).max(initial=0)), str(path), fmt)
+            (folder / f"{name}.docs").write_bytes(docs.tobytes())
+            names = [*writer.names, f"{name}.docs"]
+            out[name] = {"counts": {"lines": lines, "documents": len(docs) - 1, "sentences": writer.count},
+                         "tokens": {"text": writer.total},
+                         "files": {n: (folder / n).stat().st_size for n in names}}
+    return out
+
+
+def document_starts(folder: Path, split: str) -> np.ndarray:
+    """(n_docs + 1,) int64: document d holds sentences [docs[d], docs[d + 1])."""
+    return _map(folder / f"{split}.docs", np.dtype("<i8"))
