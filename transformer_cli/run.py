@@ -297,6 +297,8 @@ def run_training(setup: TaskSetup, cfg: Any, run_dir: Path, device: str = "auto"
             if ckpt.state.get("data_fingerprint") != setup.data_fingerprint():
                 raise UserError(f"the training data differ from those {ckpt.path} was trained on; resume with the "
                                 "same files or use a new --out")
+            if setup.preprocessed() is not None:
+                _check_preprocessed_vocab(setup, setup.vocabs_from_checkpoint(ckpt))
             finished = stop_reason(cfg.train, ckpt.state["train_state"])
             step = ckpt.state["train_state"]["step"]
             if finished and directory.finished_step() == step:
@@ -417,9 +419,7 @@ def prepare_data(folder: Path, setup: TaskSetup, vocabs: list[Vocab], quiet: boo
     (a resume tokenises nothing), and written otherwise."""
     given = setup.preprocessed()
     if given is not None:
-        if given.data["vocab_sha256"] != _vocab_hashes(setup, vocabs):
-            raise UserError(f"{given.folder} was tokenised with another vocabulary than this run's; preprocess "
-                            "again (with the run's vocab.model) or start a new --out")
+        _check_preprocessed_vocab(setup, vocabs)
         return given
     expected = _expected_manifest(setup, vocabs)
     found = _complete(folder, setup.kind)
@@ -427,6 +427,13 @@ def prepare_data(folder: Path, setup: TaskSetup, vocabs: list[Vocab], quiet: boo
         say(quiet, f"tokenised data: {folder} (up to date)")
         return found
     return write_preprocessed(folder, setup, vocabs, expected, quiet)
+
+
+def _check_preprocessed_vocab(setup: TaskSetup, vocabs: list[Vocab]) -> None:
+    given = setup.preprocessed()
+    if given is not None and given.data["vocab_sha256"] != _vocab_hashes(setup, vocabs):
+        raise UserError(f"{given.folder} was tokenised with another vocabulary than this run's; preprocess "
+                        "again (with the run's vocab.model) or start a new --out")
 
 
 def _vocab_hashes(setup: TaskSetup, vocabs: list[Vocab]) -> dict[str, str]:

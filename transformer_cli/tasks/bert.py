@@ -141,10 +141,14 @@ class BertSetup:
         self._fingerprint: str | None = None
         self._sources: dict[str, Any] | None = None
         self._manifest: Manifest | None = None
+        self.given_vocab: Vocab | None = None  # vocab.model, read by read_data
 
     def read_data(self) -> None:
         """The text files are read through once before anything is written: a missing file, invalid UTF-8 or
         a corpus without two documents stops the run here (in bounded memory)."""
+        if self.cfg.vocab.model is not None:
+            self.given_vocab = load_model_file(self.cfg.vocab.model)
+            check_bert_vocab(self.given_vocab, f"vocab.model {self.cfg.vocab.model}")
         if self.preprocessed() is None:
             for path in self.paths.values():
                 documents, longest = document_counts(path, self.cfg.data)
@@ -194,8 +198,8 @@ class BertSetup:
             vocab = Vocab.load(manifest.vocab_paths()[0])
         elif self.hf_vocab is not None:
             vocab = self.hf_vocab
-        elif v.model is not None:
-            vocab = load_model_file(v.model)
+        elif self.given_vocab is not None:
+            vocab = self.given_vocab
         else:
             say(quiet, f"training the sentencepiece vocabulary ({v.type}, up to {v.size} pieces, on at most "
                        f"{v.max_sentences:,} sentences)")

@@ -105,6 +105,7 @@ class TranslationSetup:
         self._fingerprint: str | None = None
         self._sources: dict[str, Any] | None = None
         self._manifest: Manifest | None = None
+        self.given_vocab: Vocab | None = None  # vocab.model, read by read_data
 
     def split_files(self) -> list[SplitFiles]:
         """The splits to tokenise: training pairs over data.max_len are dropped; validation and test keep every
@@ -117,6 +118,9 @@ class TranslationSetup:
     def read_data(self) -> None:
         """Every file is read through once before anything is written: a missing file, invalid UTF-8 or
         misaligned line counts stop the run here (in bounded memory, whatever the corpus size)."""
+        if self.cfg.vocab.model is not None:
+            self.given_vocab = load_model_file(self.cfg.vocab.model)
+            check_translation_vocab(self.given_vocab, f"vocab.model {self.cfg.vocab.model}")
         if self.preprocessed() is not None:
             return
         for split in self.split_files():
@@ -169,9 +173,7 @@ class TranslationSetup:
         if manifest is not None:
             return [Vocab.load(p) for p in manifest.vocab_paths()]
         if v.model is not None:
-            vocab = load_model_file(v.model)
-            check_translation_vocab(vocab, f"vocab.model {v.model}")
-            return [vocab]
+            return [self.given_vocab]
         train = self.split_files()[0]
         corpora = [[train.src, train.tgt]] if v.joint else [[train.src], [train.tgt]]
         vocabs = []

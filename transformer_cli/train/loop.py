@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import queue
 import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +73,7 @@ class _Interval:
     seconds: float = 0.0
     grad_norm: Tensor | None = None
     steps: int = 0
+    data_wait: float = 0.0  # seconds the steps waited for their batches
 
     def add(self, stats: dict[str, tuple[Tensor, int]]) -> None:
         for key, (total, count) in stats.items():
@@ -83,6 +86,57 @@ class _Interval:
         self.steps += 1
         self.tokens += tokens
         self.seconds += seconds
+
+
+class _Feeder:
+    """The batches of the next update, in order from batch `start` of an epoch's plan.
+
+    On a GPU a background thread makes them one update ahead (reading the token arrays, padding, drawing the
+    masks on the host) while the current update runs on the device; on a CPU the cores are busy with the update
+    itself, so they are made when needed. Either way the same batches come in the same order (each batch's
+    randomness is seeded from its place in the epoch), so exact resume does not depend on it.
+    """
+
+    def __init__(self, task: Task, specs: Any, start: int, epoch: int, accum: int, background: bool):
+        self.task, self.specs, self.epoch, self.accum = task, specs, epoch, accum
+        self.position = start
+        self.thread = None
+        if background:
+            self.queue: queue.Queue = queue.Queue(maxsize=1)
+            self.stopped = threading.Event()
+            self.thread = threading.Thread(target=self._produce, name="tcli-batches", daemon=True)
+            self.thread.start()
+
+    def _make(self) -> list[Any]:
+        group = self.specs[self.position : self.position + self.accum]
+        self.position += len(group)
+        return [self.task.make_batch(spec, self.epoch) for spec in group]
+
+    def _produce(self) -> None:
+        try:
+            while self.position < len(self.specs) and not self.stopped.is_set():
+                item: Any = self._make()
+                while not self.stopped.is_set():
+                    try:
+                        self.queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:  # the training step still runs
+                        continue
+        except BaseException as e:  # handed to the training loop, raised there
+            self.queue.put(e)
+
+    def next(self) -> list[Any]:
+        if self.thread is None:
+            return self._make()
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.stopped.set()
+            self.thread.join(timeout=5)
 
 
 class _StopSignal:
@@ -236,14 +290,16 @@ class Trainer:
             try:
                 while reason is None:
                     specs = task.epoch_batches(state.epoch)
+                    feeder = _Feeder(task, specs, state.batch_in_epoch, state.epoch, cfg.accum_steps,
+                                     background=self.runtime.device.type == "cuda")
                     while state.batch_in_epoch < len(specs) and reason is None:
                         t0 = time.perf_counter()
-                        group = specs[state.batch_in_epoch : state.batch_in_epoch + cfg.accum_steps]
-                        batches = [task.make_batch(spec, state.epoch) for spec in group]
+                        batches = feeder.next()
+                        interval.data_wait += time.perf_counter() - t0
                         grad_norm, finite = self.train_step(step_model, batches, interval)
                         state.step += 1
                         self._check_finite(finite)
-                        state.batch_in_epoch += len(group)
+                        state.batch_in_epoch += len(batches)
                         interval.record(grad_norm, sum(b.throughput_tokens for b in batches), time.perf_counter() - t0)
                         bar.update(1)
                         if state.step % cfg.log_every == 0:
@@ -257,6 +313,8 @@ class Trainer:
                             reason = "max_epochs"
                             self._evaluate_and_save(step_file=True, evaluate=state.step % cfg.eval_every != 0)
             finally:
+                if "feeder" in locals():
+                    feeder.close()
                 bar.close()
                 self.signal_received = stop.received
         if self.nonfinite_steps and reason != "signal":  # the run ends on skipped (NaN/inf) updates
@@ -450,7 +508,8 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm = float(interval.grad_norm) / max(interval.steps, 1)
         self.metrics.log("train", self.state.step, epoch=self.state.epoch + 1, **fields, lr=lr, grad_norm=grad_norm,
-                         **{self.task.throughput_key: round(tps, 1)}, rss_mb=round(resident_mb(), 1))
+                         **{self.task.throughput_key: round(tps, 1)}, data_wait_s=round(interval.data_wait, 4),
+                         rss_mb=round(resident_mb(), 1))
         bar.set_postfix_str(f"loss {fields['loss']:.3f}  lr {lr:.2e}  {tps:,.0f} tok/s", refresh=False)
         if bar.disable and not self.quiet:
             print(f"step {self.state.step}  epoch {self.state.epoch + 1}  loss {fields['loss']:.4f}  lr {lr:.3g}  "

@@ -1,0 +1,339 @@
+"""Preprocessed data: the on-disk format (readable with numpy), streaming reads, worker processes, reuse on
+resume, data.preprocessed and vocab.model, and every way such a folder can be wrong."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transformer_cli.datasets import shards
+from transformer_cli.datasets.text import read_lines, stream_lines
+from transformer_cli.errors import UserError
+
+from .conftest import TOY, run_tcli, toy_subset
+from .test_train_translate import events, one_line_error, tiny_config
+
+BERT_TOY = TOY.parent / "bert_toy"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return toy_subset(tmp_path_factory.mktemp("toy_shards"), train=300, valid=20)
+
+
+@pytest.fixture(scope="module")
+def preprocessed(tmp_path_factory, data) -> Path:
+    """`tcli preprocess` of the tiny config, once for the module (tests copy it before damaging it)."""
+    tmp = tmp_path_factory.mktemp("pre")
+    out = tmp / "pre"
+    result = run_tcli("preprocess", "--config", str(tiny_config(tmp, data)), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def read_split(folder: Path, name: str, dtype: str) -> list[list[int]]:
+    """The format as the README describes it, read with numpy alone."""
+    tokens = np.fromfile(folder / f"{name}.bin", dtype=dtype)
+    offsets = np.fromfile(folder / f"{name}.idx", dtype="<i8")
+    return [tokens[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def copy_folder(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for path in src.rglob("*"):
+        if path.is_file():
+            (dst / path.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            (dst / path.relative_to(src)).write_bytes(path.read_bytes())
+    return dst
+
+
+def test_format_is_readable_with_numpy_and_equals_sentencepiece(preprocessed, data):
+    from transformer_cli.vocab import Vocab
+
+    manifest = json.loads((preprocessed / "manifest.json").read_text())
+    assert manifest["format"] == shards.FORMAT and manifest["dtype"] == "<u2"
+    vocab = Vocab.load(preprocessed / "vocab" / "joint.model")
+    max_len = manifest["settings"]["max_len"]
+    for split in ("train", "val", "test"):
+        src, tgt = (vocab.encode(read_lines(data / f"{split}.{lang}")) for lang in ("src", "tgt"))
+        kept = [i for i in range(len(src)) if split != "train" or max(len(src[i]), len(tgt[i])) <= max_len]
+        assert read_split(preprocessed, f"{split}.src", manifest["dtype"]) == [src[i] for i in kept]
+        assert read_split(preprocessed, f"{split}.tgt", manifest["dtype"]) == [tgt[i] for i in kept]
+        assert manifest["splits"][split]["counts"] == {"lines": len(src), "pairs": len(kept)}
+        assert manifest["splits"][split]["dropped"]["too_long"] == len(src) - len(kept)
+    assert read_lines(preprocessed / "val.ref") == read_lines(data / "val.tgt")
+    assert manifest["sources"]["train.src"] == shards.describe_file(data / "train.src")
+
+
+def test_dropped_pairs_are_counted_by_reason(tmp_path, preprocessed):
+    from transformer_cli.vocab import Vocab
+
+    model = preprocessed / "vocab" / "joint.model"
+    vocab = Vocab.load(model)
+    folder = toy_subset(tmp_path / "d", train=300, valid=20)
+    src, tgt = read_lines(folder / "train.src"), read_lines(folder / "train.tgt")
+    short = [i for i in range(len(src)) if max(len(vocab.encode([src[i], tgt[i]])[0]),
+                                               len(vocab.encode([tgt[i]])[0])) <= 60]
+    before = json.loads((preprocessed / "manifest.json").read_text())["splits"]["train"]["dropped"]["too_long"]
+    src[short[0]], src[short[1]] = "", "word " * 200
+    (folder / "train.src").write_text("".join(line + "\n" for line in src))
+    out = tmp_path / "pre"
+    result = run_tcli("preprocess", "--config", str(tiny_config(tmp_path, folder)), "--out", str(out), "--set",
+                      f"vocab.model={model}")
+    assert result.returncode == 0, result.stderr
+    split = json.loads((out / "manifest.json").read_text())["splits"]["train"]
+    assert split["dropped"] == {"empty_side": 1, "too_long": before + 1}
+    assert split["counts"] == {"lines": 300, "pairs": 300 - 2 - before}
+
+
+def test_worker_processes_write_the_same_arrays(tmp_path, data, toy_vocab, monkeypatch):
+    from transformer_cli.datasets.translation import SplitFiles, preprocess_parallel
+
+    monkeypatch.setattr(shards, "BLOCK_LINES", 64)  # several blocks in flight, out-of-order completion possible
+    splits = [SplitFiles("train", data / "train.src", data / "train.tgt", 12, False),
+              SplitFiles("val", data / "val.src", data / "val.tgt", None, True)]
+    folders = []
+    for workers in (0, 2):
+        folder = tmp_path / f"w{workers}"
+        folder.mkdir()
+        stats = preprocess_parallel(folder, splits, (toy_vocab, toy_vocab), quiet=True, workers=workers)
+        folders.append((folder, stats))
+    (a, stats_a), (b, stats_b) = folders
+    assert stats_a == stats_b and stats_a["train"]["dropped"]["too_long"] > 0
+    for name in ("train.src.bin", "train.src.idx", "train.tgt.bin", "train.tgt.idx", "val.ref", "val.tgt.bin"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_stream_lines_equals_read_lines_across_block_boundaries(tmp_path, newline):
+    rng = random.Random(0)
+    lines = ["".join(rng.choice("abcäöü€ 𝄞") for _ in range(rng.randint(0, 30))) for _ in range(200)]
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(line + newline for line in lines).encode())
+    for block in (1, 7, 64, 1 << 20):
+        got = [line for chunk in stream_lines(path, block_bytes=block) for line in chunk]
+        assert got == read_lines(path) == [line.strip("\r") for line in lines], block
+
+
+def test_stream_lines_names_the_line_of_invalid_utf8_in_a_later_block(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"ok\n" * 1000 + b"bad \xff\n" + b"ok\n")
+    with pytest.raises(UserError, match=r"t\.txt line 1001: invalid UTF-8"):
+        for _ in stream_lines(path, block_bytes=100):
+            pass
+
+
+def test_reservoir_is_bounded_seeded_and_keeps_small_inputs_whole():
+    lines = [f"line {i}" for i in range(10_000)] + ["", "  "]
+    sample = shards.reservoir(iter(lines), 500, seed=3)
+    assert len(sample) == 500 and len(set(sample)) == 500 and set(sample) <= set(lines)
+    assert sample == shards.reservoir(iter(lines), 500, seed=3) != shards.reservoir(iter(lines), 500, seed=4)
+    assert shards.reservoir(iter(lines[:100] + [""]), 500, seed=3) == lines[:100]
+    low = sum(int(s.split()[1]) < 5000 for s in sample)
+    assert 180 < low < 320  # uniform over the stream, not its head
+
+
+def test_run_without_preprocess_equals_run_with_it(tmp_path, data, preprocessed):
+    """One command (the run preprocesses into its own data/) and two (tcli preprocess, data.preprocessed) train
+    the same model on the same batches."""
+    config = tiny_config(tmp_path, data, steps=6)
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert run_tcli("train", "--config", str(config), "--out", str(one), "--quiet").returncode == 0
+    result = run_tcli("train", "--config", str(config), "--out", str(two), "--quiet", "--set",
+                      f"data.preprocessed={preprocessed}")
+    assert result.returncode == 0, result.stderr
+    losses = [[e["loss"] for e in events(run) if e["event"] == "train"] for run in (one, two)]
+    assert losses[0] == losses[1] and len(losses[0]) >= 3
+    assert (one / "vocab" / "joint.model").read_bytes() == (two / "vocab" / "joint.model").read_bytes()
+    assert not (two / "data").exists()  # the given folder is used, nothing is tokenised again
+
+
+def test_resume_tokenises_nothing_and_changed_text_is_preprocessed_again(tmp_path, data):
+    config = tiny_config(tmp_path, data, steps=4)
+    run = tmp_path / "run"
+    assert run_tcli("train", "--config", str(config), "--out", str(run)).returncode == 0
+    stamp = {p.name: p.stat().st_mtime_ns for p in (run / "data").iterdir()}
+    again = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto",
+                     "--set", "train.max_steps=6")
+    assert again.returncode == 0, again.stderr
+    assert "tokenising" not in again.stderr and "up to date" in again.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in (run / "data").iterdir()} == stamp
+    # A run killed before its first checkpoint, started again on other text, rebuilds its data/ (the manifest's
+    # hashes differ).
+    fresh = tmp_path / "fresh"
+    (fresh / "data").mkdir(parents=True)
+    (fresh / "run.json").write_bytes((run / "run.json").read_bytes())
+    for path in (run / "data").iterdir():
+        if path.is_file():
+            (fresh / "data" / path.name).write_bytes(path.read_bytes())
+    other = toy_subset(tmp_path / "other", train=200, valid=20)
+    result = run_tcli("train", "--config", str(tiny_config(tmp_path, other, steps=2)), "--out", str(fresh),
+                      "--resume", "auto")
+    assert result.returncode == 0 and "tokenising" in result.stderr, result.stderr
+    manifest = json.loads((fresh / "data" / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["counts"]["pairs"] == 200
+
+
+def test_damaged_preprocessed_folders_are_one_line_errors(tmp_path, data, preprocessed):
+    config = str(tiny_config(tmp_path, data, steps=2))
+
+    def train(folder: Path, *more: str):
+        return run_tcli("train", "--config", config, "--out", str(tmp_path / f"r{len(list(tmp_path.iterdir()))}"),
+                        "--set", f"data.preprocessed={folder}", *more)
+
+    one_line_error(train(tmp_path / "nowhere"), "is not a folder", "tcli preprocess")
+    interrupted = copy_folder(preprocessed, tmp_path / "interrupted")
+    (interrupted / "manifest.json").unlink()
+    one_line_error(train(interrupted), "no manifest.json", "did not finish")
+    truncated = copy_folder(preprocessed, tmp_path / "truncated")
+    with open(truncated / "train.tgt.bin", "r+b") as f:
+        f.truncate((truncated / "train.tgt.bin").stat().st_size - 2)
+    one_line_error(train(truncated), "train.tgt.bin has", "truncated")
+    missing = copy_folder(preprocessed, tmp_path / "missing")
+    (missing / "val.src.idx").unlink()
+    one_line_error(train(missing), "val.src.idx is missing")
+    revocab = copy_folder(preprocessed, tmp_path / "revocab")
+    (revocab / "vocab" / "joint.model").write_bytes(b"junk")
+    one_line_error(train(revocab), "joint.model is missing or differs")
+    damaged = copy_folder(preprocessed, tmp_path / "damaged")
+    (damaged / "manifest.json").write_text("{not json")
+    one_line_error(train(damaged), "manifest.json is damaged")
+    one_line_error(train(preprocessed, "--set", "data.max_len=10"), "data.max_len is 10", "preprocessed with 60")
+    one_line_error(train(preprocessed, "--set", "vocab.size=100"), "vocab.size is 100")
+    one_line_error(train(preprocessed, "--set", "data.valid=test"), "data.valid is 'test'")
+    bert = run_tcli("pretrain-bert", "--config", str(TOY.parents[1] / "configs" / "bert_quickstart.yaml"),
+                    "--out", str(tmp_path / "b"), "--set", f"data.preprocessed={preprocessed}")
+    one_line_error(bert, "holds translation data, not bert data")
+
+
+def test_resume_with_preprocessed_data_of_other_text_or_vocabulary_is_refused(tmp_path, data, preprocessed):
+    config = str(tiny_config(tmp_path, data, steps=2))
+    run = tmp_path / "run"
+    assert run_tcli("train", "--config", config, "--out", str(run), "--quiet").returncode == 0
+    other_text = toy_subset(tmp_path / "other", train=250, valid=20)
+    other = tmp_path / "other_pre"
+    assert run_tcli("preprocess", "--config", config, "--out", str(other), "--set",
+                    f"data.dir={other_text}").returncode == 0
+    one_line_error(run_tcli("train", "--config", config, "--out", str(run), "--resume", "auto", "--set",
+                            "train.max_steps=4", "--set", f"data.preprocessed={other}"), "training data differ")
+    # The same text tokenised with another vocabulary (as a folder built with another vocab.model would be).
+    revocab = copy_folder(preprocessed, tmp_path / "revocab")
+    other_model = tmp_path / "other.model"
+    assert run_tcli("preprocess", "--config", config, "--out", str(tmp_path / "p90"), "--set",
+                    "vocab.size=90").returncode == 0
+    other_model.write_bytes((tmp_path / "p90" / "vocab" / "joint.model").read_bytes())
+    (revocab / "vocab" / "joint.model").write_bytes(other_model.read_bytes())
+    manifest = json.loads((revocab / "manifest.json").read_text())
+    manifest["vocab_sha256"]["joint"] = shards.sha256_bytes(other_model.read_bytes())
+    (revocab / "manifest.json").write_text(json.dumps(manifest))
+    one_line_error(run_tcli("train", "--config", config, "--out", str(run), "--resume", "auto", "--set",
+                            "train.max_steps=4", "--set", f"data.preprocessed={revocab}"), "another vocabulary")
+    resumed = run_tcli("train", "--config", config, "--out", str(run), "--resume", "auto", "--set", "train.max_steps=4",
+                       "--set", f"data.preprocessed={preprocessed}")
+    assert resumed.returncode == 0, resumed.stderr  # the same text and vocabulary: resuming from it is fine
+
+
+def test_preprocess_command_guards_its_folder(tmp_path, data):
+    config = str(tiny_config(tmp_path, data))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    one_line_error(run_tcli("preprocess", "--config", config, "--out", str(foreign)), "not empty")
+    out = tmp_path / "out"
+    assert run_tcli("preprocess", "--config", config, "--out", str(out)).returncode == 0
+    again = run_tcli("preprocess", "--config", config, "--out", str(out))
+    assert again.returncode == 0 and "up to date" in again.stderr
+    one_line_error(run_tcli("preprocess", "--config", config, "--out", str(out), "--set", "data.max_len=20"),
+                   "other settings (max_len)", "--force")
+    forced = run_tcli("preprocess", "--config", config, "--out", str(out), "--set", "data.max_len=20", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads((out / "manifest.json").read_text())["settings"]["max_len"] == 20
+    bad = toy_subset(tmp_path / "bad", train=50, valid=5)
+    (bad / "train.tgt").write_text("one\ntwo\n")
+    one_line_error(run_tcli("preprocess", "--config", config, "--out", str(tmp_path / "o2"), "--set",
+                            f"data.dir={bad}"), "train.src has 50 lines", "train.tgt has 2")
+    assert not (tmp_path / "o2" / "manifest.json").exists()
+
+
+def test_vocab_model_is_used_as_given_and_checked(tmp_path, data, preprocessed):
+    config = str(tiny_config(tmp_path, data, steps=2))
+    model = preprocessed / "vocab" / "joint.model"
+    run = tmp_path / "run"
+    result = run_tcli("train", "--config", config, "--out", str(run), "--quiet", "--set", f"vocab.model={model}")
+    assert result.returncode == 0, result.stderr
+    assert (run / "vocab" / "joint.model").read_bytes() == model.read_bytes()
+    one_line_error(run_tcli("train", "--config", config, "--out", str(tmp_path / "r2"), "--set",
+                            f"vocab.model={tmp_path / 'none.model'}"), "vocab.model", "is not a file")
+    import io
+
+    import sentencepiece as spm
+
+    lines = read_lines(data / "train.src")
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buffer, vocab_size=60,
+                                   minloglevel=2)  # sentencepiece's default ids: unk 0, bos 1, eos 2, no pad
+    (tmp_path / "default.model").write_bytes(buffer.getvalue())
+    one_line_error(run_tcli("train", "--config", config, "--out", str(tmp_path / "r3"), "--set",
+                            f"vocab.model={tmp_path / 'default.model'}"), "pad/unk/bos/eos ids -1/0/1/2", "--pad_id=0")
+    one_line_error(run_tcli("train", "--config", config, "--out", str(tmp_path / "r4"), "--set",
+                            f"vocab.model={model}", "--set", "vocab.joint=false", "--set",
+                            "model.share_embeddings=false"), "vocab.model", "vocab.joint: true")
+
+
+def test_bert_documents_stream_into_the_same_structure(tmp_path, monkeypatch):
+    """Sentences and document boundaries written by the streaming, block-wise preprocessing equal those of
+    reading the whole file (read_documents + encode_documents), wherever the blocks are cut."""
+    from transformer_cli.datasets.bert import encode_documents, read_documents
+    from transformer_cli.tasks.bert import train_bert_vocab
+
+    text = BERT_TOY / "train.txt"
+    docs_text = read_documents(text, "text", split=True)
+    from transformer_cli.config import BertRunConfig
+
+    vocab = train_bert_vocab([s for d in docs_text for s in d], BertRunConfig())
+    expected = encode_documents(vocab, docs_text)
+    for block in (3, 17, 20_000):
+        monkeypatch.setattr(shards, "BLOCK_LINES", block)
+        folder = tmp_path / f"b{block}"
+        folder.mkdir()
+        stats = shards.preprocess_documents(folder, {"train": text}, vocab, "text", True, quiet=True, workers=0)
+        sentences = read_split(folder, "train.text", "<u2")
+        starts = np.fromfile(folder / "train.docs", dtype="<i8").tolist()
+        got = [sentences[a:b] for a, b in zip(starts, starts[1:])]
+        assert got == expected, block
+        assert stats["train"]["counts"]["documents"] == len(expected)
+
+
+def test_background_feeder_gives_the_same_batches_in_order_and_passes_errors_on():
+    """The GPU path prepares batches in a thread one update ahead: the same batches, in the same groups, as
+    making them when needed (exact resume does not depend on the device); an error in a batch reaches the
+    training loop."""
+    import torch
+
+    from transformer_cli.train.loop import _Feeder
+
+    class Task:
+        def make_batch(self, spec, epoch):
+            if spec == 13:
+                raise UserError("bad batch 13")
+            return torch.full((2,), spec * 10 + epoch)
+
+    specs = list(range(11))
+    for start in (0, 3):
+        plain = _Feeder(Task(), specs, start, epoch=2, accum=3, background=False)
+        threaded = _Feeder(Task(), specs, start, epoch=2, accum=3, background=True)
+        done = start
+        while done < len(specs):
+            a, b = plain.next(), threaded.next()
+            assert [t.tolist() for t in a] == [t.tolist() for t in b] and len(a) == min(3, len(specs) - done)
+            done += len(a)
+        threaded.close()
+    failing = _Feeder(Task(), list(range(10, 16)), 0, epoch=0, accum=2, background=True)
+    assert len(failing.next()) == 2
+    with pytest.raises(UserError, match="bad batch 13"):
+        failing.next()
+    failing.close()
