@@ -312,7 +312,7 @@ def run_training(setup: TaskSetup, cfg: Any, run_dir: Path, device: str = "auto"
             say(quiet, f"run directory {run_dir}; {runtime.describe()}")
             vocabs = prepare_vocab(directory.path, setup, ckpt, quiet)
             data = prepare_data(data_folder, setup, vocabs, quiet)
-        runtime.barrier()
+        runtime.barrier(patient=True)  # the other ranks wait while rank 0 trains the vocabulary and tokenises
         if not runtime.is_main:  # the other ranks map the same files: the page cache holds one copy
             vocabs = [Vocab.load(directory.path / "vocab" / f"{name}.model") for name in setup.vocab_files()]
             data = setup.preprocessed() or read_manifest(data_folder, setup.kind)

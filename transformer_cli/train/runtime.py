@@ -12,6 +12,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -105,6 +106,7 @@ class Runtime:
     precision: str  # fp32 | bf16 | fp16
     rank: int = 0
     world_size: int = 1
+    patient_group: Any = None  # see barrier()
 
     @classmethod
     def create(cls, device: str = "auto", precision: str = "auto") -> Runtime:
@@ -126,7 +128,10 @@ class Runtime:
         if not dist.is_initialized():
             timeout = datetime.timedelta(seconds=float(os.environ.get("TCLI_DIST_TIMEOUT", 600)))
             dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=timeout)
-        return cls(dev, resolve_precision(precision, dev), rank, world)
+        runtime = cls(dev, resolve_precision(precision, dev), rank, world)
+        # For the one wait that may last long (rank 0 tokenising a corpus): a gloo group without the timeout.
+        runtime.patient_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
+        return runtime
 
     @property
     def is_main(self) -> bool:
@@ -157,11 +162,14 @@ class Runtime:
     def grad_scaler(self) -> torch.amp.GradScaler:
         return torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
-    def barrier(self) -> None:
+    def barrier(self, patient: bool = False) -> None:
+        """Wait for every rank. `patient`: rank 0 may take long (tokenising a corpus, training a vocabulary)
+        while the others wait, so this one waits on a gloo group of its own without the collective timeout
+        (a rank that dies still ends the job: torchrun stops the others)."""
         if self.distributed:
             import torch.distributed as dist
 
-            dist.barrier()
+            dist.barrier(group=self.patient_group if patient else None)
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
         """Sum a few numbers over the ranks (a no-op in a single process)."""
