@@ -97,11 +97,16 @@ def chunks(lines: LineReader) -> Iterator[list[str]]:
     A chunk also ends where the input pauses (a pipe or terminal with no next line written yet), so the
     lines that have come are translated without waiting for more."""
     size, chunk = FIRST_CHUNK_LINES, []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) >= size or lines.waiting():
+    try:
+        for line in lines:
+            chunk.append(line)
+            if len(chunk) >= size or lines.waiting():
+                yield chunk
+                chunk, size = [], min(2 * size, MAX_CHUNK_LINES)
+    except UserError:  # an invalid line: every line before it is translated and written, then the error
+        if chunk:
             yield chunk
-            chunk, size = [], min(2 * size, MAX_CHUNK_LINES)
+        raise
     if chunk:
         yield chunk
 

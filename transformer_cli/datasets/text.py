@@ -79,6 +79,7 @@ class LineReader:
         self._held = 0  # bytes read while the line ending is undecided
         self._sep: bytes | None = None  # b"\n" or b"\r", once decided
         self._eof = False
+        self._error: UserError | None = None  # an invalid line: raised once the lines before it are handed out
 
     def __iter__(self) -> Iterator[str]:
         return self
@@ -92,6 +93,8 @@ class LineReader:
 
     def __next__(self) -> str:
         while not self._ready:
+            if self._error is not None:
+                raise self._error
             if self._eof:
                 raise StopIteration
             self._fill()
@@ -100,7 +103,7 @@ class LineReader:
     def waiting(self) -> bool:
         """True when no line is ready and the next has not arrived (a pipe or terminal whose writer
         pauses): the caller can work on what it has instead of blocking. Reads what has arrived."""
-        while not self._ready and not self._eof:
+        while not self._ready and not self._eof and self._error is None:
             if not self._readable():
                 return True
             self._fill()
@@ -116,6 +119,8 @@ class LineReader:
 
     def _fill(self) -> None:
         """One read; decodes the lines it completes."""
+        if self._error is not None:
+            return
         try:
             block = self._read(self._block_size)
         except OSError as e:
@@ -152,8 +157,12 @@ class LineReader:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise invalid_utf8(self.name, self.lines_read + data.count(self._sep, 0, e.start) + 1,
-                               data[e.start]) from None
+            self._error = invalid_utf8(self.name, self.lines_read + data.count(self._sep, 0, e.start) + 1,
+                                       data[e.start])
+            good = data.rfind(self._sep, 0, e.start)  # the end of the last whole line before it
+            if good >= 0:
+                self._decode(data[:good])
+            return
         if self.lines_read == 0:
             text = text.removeprefix(BOM)
         if last and not text:
