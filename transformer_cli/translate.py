@@ -1,19 +1,28 @@
-"""`tcli translate`: a checkpoint alone (weights, config, vocabulary) translates a file or stdin."""
+"""`tcli translate`: a checkpoint alone (weights, config, vocabulary) translates a file or stdin.
+
+It streams: the input is read a chunk of lines at a time, each chunk is translated in length-sorted batches
+and its output written, in input order, before the next is read. Memory does not grow with the input
+(only --reference keeps the best translations, for the corpus scores), and the first lines come out
+after the first small chunk.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import torch
 
 from transformer_cli.checkpoint import read_checkpoint
-from transformer_cli.datasets.text import decode_utf8, read_lines
+from transformer_cli.datasets.text import LineReader, open_lines, read_lines
 from transformer_cli.decode import DecodeOptions, decode_corpus
 from transformer_cli.errors import UserError
 from transformer_cli.models.transformer import Transformer
@@ -44,19 +53,20 @@ class Translator:
         """The longest source (in pieces, EOS excluded) the positions table covers."""
         return self.model.positions.size(0) - 2
 
-    def translate(self, lines: list[str], opts: DecodeOptions, warn=None) -> list[list[tuple[str, float]]]:
+    def translate(self, lines: list[str], opts: DecodeOptions, warn=None,
+                  first_line: int = 0) -> list[list[tuple[str, float]]]:
         """n-best (text, score) lists in input order; an empty line gets an empty hypothesis.
 
         A line longer than the model's positions is cut to what they cover, and `warn(message)` is told
-        (with the line number) so that it never happens silently.
+        (with the line number, counting `first_line` lines before `lines`) so that it never happens silently.
         """
         nonempty = [i for i, line in enumerate(lines) if line.strip()]
         sources = self.src_vocab.encode([lines[i] for i in nonempty])
         limit = self.max_source_pieces
         for i, ids in zip(nonempty, sources):
             if len(ids) > limit and warn is not None:
-                warn(f"warning: line {i + 1}: {len(ids)} source pieces, more than the {limit} this model's "
-                     f"positions cover (model.max_positions); only the first {limit} are translated")
+                warn(f"warning: line {first_line + i + 1}: {len(ids)} source pieces, more than the {limit} this "
+                     f"model's positions cover (model.max_positions); only the first {limit} are translated")
         with torch.inference_mode():
             hyps = decode_corpus(self.model, sources, opts, BOS_ID, EOS_ID, self.runtime.device, self.runtime.context)
         out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
@@ -69,10 +79,36 @@ class Translator:
         return out
 
 
-def _read_input(path: Path | None, stdin: TextIO) -> list[str]:
+# The first chunk is small so that its lines come out within a second or two; chunks then double up to
+# MAX_CHUNK_LINES, enough lines for length-sorted batches of similar lengths (--max-tokens each).
+FIRST_CHUNK_LINES = 64
+MAX_CHUNK_LINES = 4096
+
+
+def _open_input(path: Path | None, stdin: TextIO) -> LineReader:
     if path is None or str(path) == "-":
-        return decode_utf8(stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode(), "<stdin>")
-    return read_lines(path)
+        stream = stdin.buffer if hasattr(stdin, "buffer") else io.BytesIO(stdin.read().encode())
+        return LineReader(stream, "<stdin>")
+    return open_lines(path)
+
+
+def chunks(lines: LineReader) -> Iterator[list[str]]:
+    """The input in chunks of FIRST_CHUNK_LINES lines, then twice as many, ... up to MAX_CHUNK_LINES.
+    A chunk also ends where the input pauses (a pipe or terminal with no next line written yet), so the
+    lines that have come are translated without waiting for more."""
+    size, chunk = FIRST_CHUNK_LINES, []
+    try:
+        for line in lines:
+            chunk.append(line)
+            if len(chunk) >= size or lines.waiting():
+                yield chunk
+                chunk, size = [], min(2 * size, MAX_CHUNK_LINES)
+    except UserError:  # an invalid line: every line before it is translated and written, then the error
+        if chunk:
+            yield chunk
+        raise
+    if chunk:
+        yield chunk
 
 
 @dataclass
@@ -89,7 +125,7 @@ class InspectOptions:
 def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None, opts: DecodeOptions,
                   reference: Path | None = None, device: str = "auto", precision: str = "auto", quiet: bool = False,
                   stats_json: Path | None = None, inspect: InspectOptions | None = None) -> dict:
-    """Translate, write the output, print scores against a reference and speed statistics (stderr).
+    """Translate as the input streams in, print scores against a reference and speed statistics (stderr).
     `inspect` adds attention heatmaps and/or printed alignments of the chosen hypotheses."""
     for option, path in (("--output", output), ("--stats-json", stats_json)):
         check_writable(path, option)
@@ -100,35 +136,28 @@ def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None
 
         require_matplotlib()
         prepare_folder(inspect.attention_dir)
-    translator = Translator.from_checkpoint(checkpoint, device, precision)
-    layer = None
-    if inspect.print_alignment:
-        from transformer_cli.attention import resolve_layer
-
-        layer = resolve_layer(inspect.alignment_layer, len(translator.model.decoder))
-    lines = _read_input(input_path, sys.stdin)
     refs = read_lines(reference) if reference is not None else None
-    if refs is not None and len(refs) != len(lines):
-        raise UserError(f"--reference {reference} has {len(refs)} lines but the input has {len(lines)}")
-    start = time.perf_counter()
-    results = translator.translate(lines, opts, warn=lambda message: print(message, file=sys.stderr))
-    seconds = time.perf_counter() - start
-    alignments = _alignments(translator, results, layer, inspect.alignment_unit) if layer is not None else None
-    text = "".join(_format(i, nbest, opts.nbest, alignments[i] if alignments else None)
-                   for i, nbest in enumerate(results))
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        _write_text(output, text, "--output")
-    stats = {"sentences": len(lines), "tokens": translator.decoded_tokens, "seconds": round(seconds, 3),
-             "sentences_per_sec": round(len(lines) / seconds, 2) if seconds else 0.0,
-             "tokens_per_sec": round(translator.decoded_tokens / seconds, 1) if seconds else 0.0,
+    with ExitStack() as stack:
+        lines = stack.enter_context(_open_input(input_path, sys.stdin))
+        translator = Translator.from_checkpoint(checkpoint, device, precision)
+        layer = None
+        if inspect.print_alignment:
+            from transformer_cli.attention import resolve_layer
+
+            layer = resolve_layer(inspect.alignment_layer, len(translator.model.decoder))
+        write = _writer(output, stack)
+        done = _translate_stream(translator, lines, write, opts, layer, inspect, keep_best=refs is not None)
+    if refs is not None and len(refs) != done.sentences:
+        raise UserError(f"--reference {reference} has {len(refs)} lines but the input has {done.sentences}")
+    seconds = done.seconds
+    stats = {"sentences": done.sentences, "tokens": done.tokens, "seconds": round(seconds, 3),
+             "sentences_per_sec": round(done.sentences / seconds, 2) if seconds else 0.0,
+             "tokens_per_sec": round(done.tokens / seconds, 1) if seconds else 0.0,
              "beam": opts.beam, "device": str(translator.runtime.device), "precision": translator.runtime.precision}
     if refs is not None:
         from transformer_cli.evaluate import translation_scores
 
-        scores = translation_scores([nbest[0][0] for nbest in results], refs)
+        scores = translation_scores(done.best, refs)
         stats.update(bleu=round(scores.bleu, 2), bleu_lc=round(scores.bleu_lc, 2), chrf=round(scores.chrf, 2))
         print("\n".join(scores.lines()), file=sys.stderr)
     if not quiet:
@@ -138,10 +167,70 @@ def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None
     if stats_json is not None:
         _write_text(stats_json, json.dumps(stats, indent=1) + "\n", "--stats-json")
     if inspect.attention_dir is not None:
-        written = _write_attention(translator, lines, results, inspect.attention_dir, inspect.attention_max)
+        _write_attention(translator, done.shown, inspect.attention_dir)
         if not quiet:
-            print(f"attention of {written} sentences written to {inspect.attention_dir}", file=sys.stderr)
+            print(f"attention of {len(done.shown)} sentences written to {inspect.attention_dir}", file=sys.stderr)
     return stats
+
+
+@dataclass
+class _Streamed:
+    """What a run keeps across chunks: totals, and only what the user asked to be kept."""
+
+    sentences: int = 0
+    tokens: int = 0  # generated target pieces of the best hypotheses, EOS included
+    seconds: float = 0.0  # spent translating (not reading, writing or waiting for input)
+    best: list[str] = field(default_factory=list)  # --reference: the best translation of every line
+    shown: list[tuple[int, list[int], list[int], str, str]] = field(default_factory=list)
+    # --attention: (line index, source ids, target ids, line, translation) of the first non-empty lines
+
+
+def _translate_stream(translator: Translator, lines: LineReader, write: Callable[[str], None], opts: DecodeOptions,
+                      layer: int | None, inspect: InspectOptions, keep_best: bool) -> _Streamed:
+    """Translate chunk by chunk, writing each chunk's output before reading on."""
+    done = _Streamed()
+    for chunk in chunks(lines):
+        start = time.perf_counter()
+        results = translator.translate(chunk, opts, warn=lambda message: print(message, file=sys.stderr),
+                                       first_line=done.sentences)
+        done.seconds += time.perf_counter() - start
+        done.tokens += translator.decoded_tokens
+        alignments = _alignments(translator, results, layer, inspect.alignment_unit) if layer is not None else None
+        write("".join(_format(done.sentences + i, nbest, opts.nbest, alignments[i] if alignments else None)
+                      for i, nbest in enumerate(results)))
+        if keep_best:
+            done.best.extend(nbest[0][0] for nbest in results)
+        if inspect.attention_dir is not None:
+            wanted = inspect.attention_max - len(done.shown)
+            chosen = sorted(i for i, (_, hyps) in translator.token_ids.items() if hyps)[: max(wanted, 0)]
+            done.shown += [(done.sentences + i, translator.token_ids[i][0], translator.token_ids[i][1][0], chunk[i],
+                            results[i][0][0]) for i in chosen]
+        done.sentences += len(chunk)
+    return done
+
+
+def _writer(output: Path | None, stack: ExitStack) -> Callable[[str], None]:
+    """A function that writes text to stdout or --output (opened once) and flushes it: each chunk's
+    lines are out before the next chunk is read."""
+    if output is None:
+        def write(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        return write
+    try:
+        f = stack.enter_context(open(output, "w", encoding="utf-8"))
+    except OSError as e:
+        raise UserError(f"--output {output}: cannot write: {e.strerror or e}") from None
+
+    def write_file(text: str) -> None:
+        try:
+            f.write(text)
+            f.flush()
+        except OSError as e:
+            raise UserError(f"--output {output}: cannot write: {e.strerror or e}") from None
+
+    return write_file
 
 
 def _alignments(translator: Translator, results: list[list[tuple[str, float]]], layer: int,
@@ -159,18 +248,16 @@ def _alignments(translator: Translator, results: list[list[tuple[str, float]]], 
     return out
 
 
-def _write_attention(translator: Translator, lines: list[str], results: list[list[tuple[str, float]]],
-                     folder: Path, limit: int) -> int:
-    """Heatmaps and weights of the best hypothesis of the first `limit` non-empty lines; returns their count."""
+def _write_attention(translator: Translator, shown: list[tuple[int, list[int], list[int], str, str]],
+                     folder: Path) -> None:
+    """Heatmaps and weights of the best hypotheses of the lines `_translate_stream` kept."""
     from transformer_cli.attention import attention_maps, write_attention
 
-    chosen = sorted(i for i, (_, hyps) in translator.token_ids.items() if hyps)[:limit]
-    pairs = [(translator.token_ids[i][0], translator.token_ids[i][1][0]) for i in chosen]
+    pairs = [(source_ids, target_ids) for _, source_ids, target_ids, _, _ in shown]
     maps = attention_maps(translator.model, translator.src_vocab, translator.tgt_vocab, pairs, BOS_ID, EOS_ID,
                           translator.runtime.device, translator.runtime.context)
-    for i, m in zip(chosen, maps):
-        write_attention(folder, i, m, lines[i], results[i][0][0])
-    return len(chosen)
+    for (i, _, _, line, translation), m in zip(shown, maps):
+        write_attention(folder, i, m, line, translation)
 
 
 def check_writable(path: Path | None, option: str) -> None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import io
+import select
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from transformer_cli.errors import UserError
 
@@ -28,15 +32,13 @@ def read_error(e: OSError, path: str | Path) -> UserError:
     return UserError(f"cannot read {path}: {e.strerror}")
 
 
-def decode_utf8(data: bytes, name: str, lines_before: int = 0) -> list[str]:
+def decode_utf8(data: bytes, name: str) -> list[str]:
     """Split UTF-8 bytes into lines (\n or \r\n, or \r alone in a file without \n, as old Mac files have;
-    a leading BOM dropped); errors name `name` and the line (counted after `lines_before` earlier lines)."""
+    a leading BOM dropped); errors name `name` and the line."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = lines_before + data.count(b"\n", 0, e.start) + 1
-        byte = data[e.start]
-        raise UserError(f"{name} line {line}: invalid UTF-8 (byte {byte:#04x}); save the file as UTF-8") from None
+        raise invalid_utf8(name, data.count(b"\n", 0, e.start) + 1, data[e.start]) from None
     text = text.removeprefix("\ufeff")
     if "\n" not in text and "\r" in text:
         text = text.replace("\r", "\n")
@@ -44,6 +46,161 @@ def decode_utf8(data: bytes, name: str, lines_before: int = 0) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r") for line in lines]
+
+
+def invalid_utf8(name: str, line: int, byte: int) -> UserError:
+    return UserError(f"{name} line {line}: invalid UTF-8 (byte {byte:#04x}); save the file as UTF-8")
+
+
+BOM = "\ufeff"
+
+
+class LineReader:
+    """The lines of a binary stream (a file, a pipe, a terminal) as they arrive, a block at a time.
+
+    For any input the lines are those `decode_utf8` gives for the whole of it (strict UTF-8, \n or \r\n,
+    a leading BOM dropped, errors naming `name` and the line), with one difference: whether \r alone ends
+    lines (old Mac files) is decided from the start of the input, not from all of it: \n ends lines as
+    soon as one appears; \r does when the first `decide_bytes` (or the whole input, if shorter) hold \r
+    and no \n. It holds at most one block's lines, so a file of any length is read in bounded memory.
+    """
+
+    def __init__(self, stream: BinaryIO, name: str, block_size: int = 1 << 16, decide_bytes: int = 1 << 16,
+                 owned: bool = False):
+        self.name = name
+        self._stream, self._owned = stream, owned  # owned: closed on leaving a `with` block
+        self.lines_read = 0  # lines decoded so far: the next error's line numbers count from here
+        # read1 returns what a pipe holds now instead of waiting for a whole block.
+        self._read = getattr(stream, "read1", stream.read)
+        self._fd = _fileno(stream)
+        self._block_size, self._decide_bytes = block_size, decide_bytes
+        self._ready: deque[str] = deque()  # decoded lines not yet handed out
+        self._pending: list[bytes] = []  # the bytes after the last line ending
+        self._held = 0  # bytes read while the line ending is undecided
+        self._sep: bytes | None = None  # b"\n" or b"\r", once decided
+        self._eof = False
+        self._error: UserError | None = None  # an invalid line: raised once the lines before it are handed out
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __enter__(self) -> LineReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._owned:
+            self._stream.close()
+
+    def __next__(self) -> str:
+        while not self._ready:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                raise StopIteration
+            self._fill()
+        return self._ready.popleft()
+
+    def blocks(self) -> Iterator[list[str]]:
+        """The lines in lists, as each read decodes them (for a reader that takes many at a time)."""
+        while True:
+            while not self._ready:
+                if self._error is not None:
+                    raise self._error
+                if self._eof:
+                    return
+                self._fill()
+            block = list(self._ready)
+            self._ready.clear()
+            yield block
+
+    def waiting(self) -> bool:
+        """True when no line is ready and the next has not arrived (a pipe or terminal whose writer
+        pauses): the caller can work on what it has instead of blocking. Reads what has arrived."""
+        while not self._ready and not self._eof and self._error is None:
+            if not self._readable():
+                return True
+            self._fill()
+        return False
+
+    def _readable(self) -> bool:
+        if self._fd is None:
+            return True
+        try:
+            return bool(select.select([self._fd], [], [], 0)[0])
+        except (OSError, ValueError):  # no select on this kind of file: reading is all there is
+            return True
+
+    def _fill(self) -> None:
+        """One read; decodes the lines it completes."""
+        if self._error is not None:
+            return
+        try:
+            block = self._read(self._block_size)
+        except OSError as e:
+            raise read_error(e, self.name) from None
+        self._eof = not block
+        self._pending.append(block)
+        if self._sep is None:
+            self._held += len(block)
+            if b"\n" in block:
+                self._sep = b"\n"
+            elif not self._eof and self._held < self._decide_bytes:
+                return
+            else:
+                self._sep = b"\r" if any(b"\r" in b for b in self._pending) else b"\n"
+        elif self._sep not in block and not self._eof:
+            return
+        data = b"".join(self._pending)
+        if self._eof:
+            self._pending = []
+            if data.endswith(self._sep):
+                self._decode(data[:-1])
+            elif data:
+                self._decode(data, last=True)
+            return
+        end = data.rfind(self._sep)
+        if end < 0:
+            self._pending = [data]
+            return
+        self._pending = [data[end + 1 :]]
+        self._decode(data[:end])
+
+    def _decode(self, data: bytes, last: bool = False) -> None:
+        """Decodes `data`, whole lines joined by the line ending; `last`: the input's unended end."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self._error = invalid_utf8(self.name, self.lines_read + data.count(self._sep, 0, e.start) + 1,
+                                       data[e.start])
+            good = data.rfind(self._sep, 0, e.start)  # the end of the last whole line before it
+            if good >= 0:
+                self._decode(data[:good])
+            return
+        if self.lines_read == 0:
+            text = text.removeprefix(BOM)
+        if last and not text:
+            return  # an input that is only a BOM
+        lines = text.split(self._sep.decode())
+        if self._sep == b"\n":
+            lines = [line.removesuffix("\r") for line in lines]
+        self.lines_read += len(lines)
+        self._ready.extend(lines)
+
+
+def _fileno(stream: BinaryIO) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+
+
+def open_lines(path: str | Path, block_size: int = 1 << 16) -> LineReader:
+    """A LineReader over a file, opened now (a missing file fails before any work); `with` closes it."""
+    try:
+        stream = open(path, "rb")
+    except OSError as e:
+        raise read_error(e, path) from None
+    return LineReader(stream, str(path), block_size=block_size, owned=True)
 
 
 def fingerprint(paths: list[Path]) -> str:
@@ -60,36 +217,10 @@ def fingerprint(paths: list[Path]) -> str:
 
 
 def stream_lines(path: str | Path, block_bytes: int = 1 << 22) -> Iterator[list[str]]:
-    """The lines of a UTF-8 text file in blocks (lists of lines), reading `block_bytes` at a time, so a file of
-    any size is read in bounded memory. Same rules and errors as `read_lines` (the line number of an invalid
-    byte is counted over the whole file)."""
-    path = Path(path)
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise read_error(e, path) from None
-    with f:
-        rest, lines_before, first, cr_only = b"", 0, True, False
-        while True:
-            try:
-                block = f.read(block_bytes)
-            except OSError as e:
-                raise read_error(e, path) from None
-            if first:
-                block = block.removeprefix(b"\xef\xbb\xbf")
-                cr_only = b"\n" not in block and b"\r" in block
-                first = False
-            if cr_only:
-                block = block.replace(b"\r", b"\n")
-            data = rest + block
-            cut = len(data) if not block else data.rfind(b"\n") + 1
-            rest = data[cut:]
-            if cut:
-                lines = decode_utf8(data[:cut], str(path), lines_before)
-                lines_before += len(lines)
-                yield lines
-            if not block:
-                return
+    """The lines of a UTF-8 text file in lists, read `block_bytes` at a time, so that a file of any size is
+    read in bounded memory (the lines and errors of `LineReader`)."""
+    with open_lines(path, block_bytes) as reader:
+        yield from reader.blocks()
 
 
 def count_lines(path: str | Path) -> int:
