@@ -75,7 +75,8 @@ def test_train_then_translate_end_to_end(tmp_path, small_data):
     assert list((run / "tb").glob("events.out.tfevents.*"))
     log = events(run)
     train = [e for e in log if e["event"] == "train"]
-    assert set(train[0]) == {"event", "step", "epoch", "loss", "lr", "grad_norm", "tgt_tokens_per_sec", "rss_mb"}
+    assert set(train[0]) == {"event", "step", "epoch", "loss", "lr", "grad_norm", "tgt_tokens_per_sec", "data_wait_s",
+                              "rss_mb"}
     assert all(e["tgt_tokens_per_sec"] > 0 for e in train)
     evals = [e for e in log if e["event"] == "eval"]
     assert [e["step"] for e in evals] == [6, 12] and {"valid_loss", "valid_ppl", "bleu"} <= set(evals[0])

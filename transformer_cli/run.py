@@ -38,6 +38,7 @@ SAFE_ON_RESUME = frozenset({
     "train.max_steps", "train.max_epochs", "train.max_minutes",
     "train.eval_every", "train.save_every", "train.log_every", "train.keep_last", "train.patience",
     "train.average_last", "train.compile", "train.precision",
+    "vocab.max_sentences",  # a resume takes the checkpoint's vocabulary; this only bounds training a new one
     "eval.beam", "eval.lenpen", "eval.max_len_a", "eval.max_len_b", "eval.max_tokens",
 })
 

@@ -58,7 +58,7 @@ def train_vocab(
     size: int,
     model_type: str = "unigram",
     character_coverage: float = 1.0,
-    max_sentences: int = 2_000_000,
+    max_sentences: int = 1_000_000,
     seed: int = 1,
     pad_piece: str = "<pad>",
     unk_piece: str = "<unk>",
