@@ -19,11 +19,15 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,8 +43,8 @@ BERT_SIZE = ["model.d_model=256", "model.layers=4", "model.heads=4", "model.ffn_
              "data.max_seq_len=128", "train.batch_size=32"]
 
 
-def run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
+def run(cmd: list[str], env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if result.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{result.stderr[-3000:]}")
     return result
@@ -243,6 +247,473 @@ def table(r: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+# ----------------------------------------------------------------------------- data at scale (--only data)
+
+DATA_START, DATA_END = "<!-- benchmark-data:start -->", "<!-- benchmark-data:end -->"
+MULTI30K, WIKITEXT2 = SHARED / "data" / "multi30k", SHARED / "data" / "wikitext-2"
+# A first update needs no evaluation, test split or BLEU: they would dominate the short runs below.
+NMT_DATA = ["data.test=null", "train.eval_every=100000", "eval.bleu=false", "train.save_every=100000"]
+BERT_DATA = ["train.eval_every=100000", "train.save_every=100000"]
+# The data section's runs measure the data path: a small model keeps the steps short on a slow CPU and the data
+# path a larger share of time and memory than at the benchmark size (a stricter test); same vocabulary (8,000).
+DATA_NMT_SIZE = ["model.d_model=64", "model.enc_layers=1", "model.dec_layers=1", "model.heads=2", "model.ffn_dim=128",
+                 "vocab.size=8000", "train.max_tokens=1024"]
+DATA_BERT_SIZE = ["model.d_model=64", "model.layers=1", "model.heads=2", "model.ffn_dim=128", "vocab.size=8000",
+                  "data.max_seq_len=128", "train.batch_size=8"]
+BARE_SPM = """import sys, sentencepiece as spm
+sp = spm.SentencePieceProcessor(model_file=sys.argv[1])
+n = 0
+for path in sys.argv[2:]:
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for i in range(0, len(lines), 100_000):  # blocks keep the id lists' memory bounded; the speed is the same
+        n += len(sp.encode(lines[i : i + 100_000], num_threads=2))
+print(n)
+"""
+
+
+def replicate(sources: list[Path], dest: Path, times: int) -> None:
+    """`dest` = the concatenation of `sources`, `times` over (kept when it already has the right size)."""
+    data = b"".join(s.read_bytes().rstrip(b"\n") + b"\n" for s in sources)
+    if dest.is_file() and dest.stat().st_size == len(data) * times:
+        return
+    with open(dest, "wb") as f:
+        for _ in range(times):
+            f.write(data)
+
+
+def build_corpora(root: Path, scales: list[int], wiki_scale: int) -> dict[str, Path]:
+    """Multi30k's train split replicated `scale` times (val and test as they are) and WikiText-2's
+    test + valid replicated `wiki_scale` times as train.txt (valid.txt held out), under `root`."""
+    out = {}
+    for scale in scales:
+        folder = out[f"m30k_x{scale}"] = root / f"m30k_x{scale}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("train.en", "train.de", "val.en", "val.de", "test_2016_flickr.en", "test_2016_flickr.de"):
+            replicate([MULTI30K / name], folder / name, scale if name.startswith("train") else 1)
+    folder = out[f"wiki_x{wiki_scale}"] = root / f"wiki_x{wiki_scale}"
+    folder.mkdir(parents=True, exist_ok=True)
+    replicate([WIKITEXT2 / "test.txt", WIKITEXT2 / "valid.txt"], folder / "train.txt", wiki_scale)
+    replicate([WIKITEXT2 / "valid.txt"], folder / "valid.txt", 1)
+    return out
+
+
+def children_of() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    tree, out, todo = children_of(), [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += tree.get(p, [])
+    return out
+
+
+def rollup(pid: int) -> dict[str, float]:
+    """/proc/PID/smaps_rollup in MB (Rss, Pss, Shared_Clean, Private_Dirty, ...); {} once the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return {}
+    fields = (line.split() for line in text.splitlines()[1:])
+    return {f[0].rstrip(":"): int(f[1]) / 1024 for f in fields if len(f) == 3 and f[2] == "kB"}
+
+
+class TreeMemory(threading.Thread):
+    """Peak of the summed Rss and Pss of a process and all its descendants (tokenising workers included),
+    sampled every `every` seconds: /usr/bin/time's %M is the largest single process, not the tree."""
+
+    def __init__(self, pid: int, every: float = 0.25):
+        super().__init__(daemon=True)
+        self.pid, self.every, self.rss, self.pss, self.done = pid, every, 0.0, 0.0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.every):
+            stats = [rollup(p) for p in descendants(self.pid)]
+            self.rss = max(self.rss, sum(s.get("Rss", 0) for s in stats))
+            self.pss = max(self.pss, sum(s.get("Pss", 0) for s in stats))
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+
+def timed(cmd: list[str], cwd: Path = ROOT, env: dict | None = None) -> dict:
+    """Run `cmd` under /usr/bin/time -f "%e %M": wall seconds, peak RSS of the largest process (MB), the
+    process tree's peak summed Rss/Pss (MB) and the 1-minute load average when it started."""
+    with tempfile.NamedTemporaryFile("r") as report:
+        load = os.getloadavg()[0]
+        proc = subprocess.Popen(["/usr/bin/time", "-f", "%e %M", "-o", report.name, *cmd], cwd=cwd,
+                                env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        tree = TreeMemory(proc.pid)
+        tree.start()
+        _, err = proc.communicate()
+        tree.stop()
+        if proc.returncode != 0:
+            raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-3000:]}")
+        wall, peak_kb = report.read().split()[-2:]
+    return {"wall_s": float(wall), "peak_mb": int(peak_kb) / 1024, "tree_rss_mb": tree.rss,
+            "tree_pss_mb": tree.pss, "load": load}
+
+
+def nmt_preprocess(corpus: Path, out: Path, vocab: Path | None = None) -> list[str]:
+    return tcli("preprocess", "--config", "configs/multi30k_en_de.yaml", "--out", str(out), "--quiet",
+                "--set", f"data.dir={corpus}", *overrides(DATA_NMT_SIZE + ["data.test=null"]),
+                *overrides([f"vocab.model={vocab}"] if vocab else []))
+
+
+def nmt_train(folder: Path, out: Path, steps: int, vocab: Path | None = None, log_every: int = 25) -> list[str]:
+    return tcli("train", "--config", "configs/multi30k_en_de.yaml", "--out", str(out), "--quiet",
+                *overrides([f"data.preprocessed={folder}", f"train.max_steps={steps}", f"train.log_every={log_every}",
+                            *DATA_NMT_SIZE, *NMT_DATA, *([f"vocab.model={vocab}"] if vocab else [])]))
+
+
+def bert_preprocess(corpus: Path, train: str, out: Path, vocab: Path | None = None) -> list[str]:
+    return tcli("preprocess", "--config", "configs/bert_wikitext2.yaml", "--out", str(out), "--quiet",
+                *overrides([f"data.dir={corpus}", f"data.train={train}", *DATA_BERT_SIZE,
+                            *([f"vocab.model={vocab}"] if vocab else [])]))
+
+
+def bert_train(folder: Path, train: str, out: Path, steps: int, vocab: Path | None = None,
+               log_every: int = 25) -> list[str]:
+    return tcli("pretrain-bert", "--config", "configs/bert_wikitext2.yaml", "--out", str(out), "--quiet",
+                *overrides([f"data.preprocessed={folder}", f"data.train={train}", f"train.max_steps={steps}",
+                            f"train.log_every={log_every}", *DATA_BERT_SIZE, *BERT_DATA,
+                            *([f"vocab.model={vocab}"] if vocab else [])]))
+
+
+def first_update(cmd: list[str], run_dir: Path, limit_s: float = 600) -> dict:
+    """Seconds from starting `cmd` (a training run logging every step) to its first "train" event in
+    metrics.jsonl, i.e. to the end of its first update; the run is then stopped with SIGTERM."""
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics, seconds = run_dir / "metrics.jsonl", None
+    while seconds is None and proc.poll() is None and time.perf_counter() - start < limit_s:
+        if metrics.is_file() and '"event": "train"' in metrics.read_text():
+            seconds = time.perf_counter() - start
+        else:
+            time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate()
+    if seconds is None:
+        raise SystemExit(f"no update within {limit_s} s: {' '.join(cmd)}\n{err[-3000:]}")
+    return {"seconds": seconds, "load": load}
+
+
+def mappings(pid: int, suffix: str) -> dict[str, float]:
+    """Summed smaps fields (MB) of the process's mappings of files whose name ends with `suffix`."""
+    total: dict[str, float] = {}
+    try:
+        text = Path(f"/proc/{pid}/smaps").read_text()
+    except OSError:
+        return total
+    inside = False
+    for line in text.splitlines():
+        f = line.split()
+        if f and "-" in f[0] and len(f) >= 5:  # a mapping's header line: address perms offset dev inode [path]
+            inside = len(f) >= 6 and f[-1].endswith(suffix)
+        elif inside and len(f) == 3 and f[2] == "kB":
+            total[f[0].rstrip(":")] = total.get(f[0].rstrip(":"), 0.0) + int(f[1]) / 1024
+    return total
+
+
+def ranks_memory(launcher: subprocess.Popen, run_dir: Path, limit_s: float = 900) -> list[list[dict]]:
+    """While a torchrun job trains (after its first "train" event, until it ends), every second: each rank's
+    smaps_rollup and its mappings of the corpus' .bin files. The ranks are the launcher's descendants
+    running transformer_cli."""
+    samples, start, metrics = [], time.perf_counter(), run_dir / "metrics.jsonl"
+    while launcher.poll() is None and time.perf_counter() - start < limit_s:
+        time.sleep(1.0)
+        if not (metrics.is_file() and '"event": "train"' in metrics.read_text()):
+            continue
+        ranks = [p for p in descendants(launcher.pid)[1:] if b"transformer_cli" in _cmdline(p)]
+        sample = [{"pid": p, **rollup(p), "bin": mappings(p, ".bin")} for p in sorted(ranks)]
+        if len(sample) == 2 and all("Rss" in s for s in sample):
+            samples.append(sample)
+    return samples
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def bench_ranks(out: Path, folder: Path, steps: int, vocab: Path | None) -> dict:
+    """Two ranks under torchrun (OMP_NUM_THREADS=1) on a preprocessed corpus: memory per rank while training,
+    at the sample where the ranks' private memory summed is largest."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           *nmt_train(folder, out, steps, vocab, log_every=10)[1:]]
+
+    load = os.getloadavg()[0]
+    launcher = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    samples = ranks_memory(launcher, out)
+    _, err = launcher.communicate()
+    if launcher.returncode != 0 or not samples:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-3000:]}")
+    private = lambda s: s.get("Private_Clean", 0) + s.get("Private_Dirty", 0)  # noqa: E731
+    worst = max(samples, key=lambda sample: sum(map(private, sample)))
+    bins = {p.name: p.stat().st_size / 2**20 for p in sorted(folder.glob("train.*.bin"))}
+    return {"ranks": worst, "samples": len(samples), "bin_mb": bins, "steps": steps, "load": load,
+            "command": cmd}
+
+
+def train_peak(cmd: list[str], run_dir: Path) -> dict:
+    """A training run under /usr/bin/time, with the largest rss_mb its metrics logged."""
+    result = timed(cmd)
+    logged = [e["rss_mb"] for e in events(run_dir, "train")]
+    return {**result, "command": cmd, "rss_logged": max(logged, default=None)}
+
+
+def preprocess_rounds(work: Path, corpus: Path, vocab: Path, rounds: int) -> dict:
+    """`tcli preprocess` with the vocabulary given against bare sentencepiece on the same lines (train and
+    val, both sides), alternating ABBA; the last round's folder is kept in work/p_small."""
+    (work / "bare_spm.py").write_text(BARE_SPM)
+    bare = [sys.executable, str(work / "bare_spm.py"), str(vocab),
+            *[str(corpus / f"{s}.{lang}") for s in ("train", "val") for lang in ("en", "de")]]
+    ours, theirs = [], []
+    for r in range(rounds):
+        folder = work / ("p_small" if r == rounds - 1 else f"p_small{r}")
+        for side in ("ours", "bare") if r % 2 == 0 else ("bare", "ours"):
+            if side == "ours":
+                ours.append(timed(nmt_preprocess(corpus, folder, vocab)))
+            else:
+                theirs.append(timed(bare))
+        if folder.name != "p_small":
+            shutil.rmtree(folder)
+    med = lambda xs: statistics.median(x["wall_s"] for x in xs)  # noqa: E731
+    return {"ours": ours, "bare": theirs, "ours_s": med(ours), "bare_s": med(theirs),
+            "ratio": med(ours) / med(theirs), "command": nmt_preprocess(corpus, work / "p_small", vocab),
+            "bare_command": bare}
+
+
+def bench_data_nmt(work: Path, corpora: dict[str, Path], small: str, large: str, a: argparse.Namespace) -> dict:
+    r: dict = {}
+    for name in (small, large):  # vocabulary trained from the corpus: the whole of tcli preprocess
+        r[f"vocab_{name}"] = {**timed(nmt_preprocess(corpora[name], work / f"pv_{name}")),
+                              "command": nmt_preprocess(corpora[name], work / f"pv_{name}")}
+    vocab = work / f"pv_{small}" / "vocab" / "joint.model"
+    r["rounds"] = preprocess_rounds(work, corpora[small], vocab, a.data_rounds)
+    r["plain"] = {**timed(nmt_preprocess(MULTI30K, work / "p_plain", vocab)),
+                  "command": nmt_preprocess(MULTI30K, work / "p_plain", vocab)}
+    cmd = nmt_train(work / "p_small", work / "first_nmt", a.data_steps, vocab, log_every=1)
+    r["first"] = {**first_update(cmd, work / "first_nmt"), "command": cmd}
+    runs = {"plain": (work / "p_plain", vocab), small: (work / "p_small", vocab), large: (work / f"pv_{large}", None)}
+    for name, (folder, v) in runs.items():
+        out = work / f"steps_{name}"
+        r[f"steps_{name}"] = train_peak(nmt_train(folder, out, a.data_steps, v), out)
+    r["ddp"] = {name: bench_ranks(work / f"ddp_{name}", folder, a.data_ddp_steps, v)
+                for name, (folder, v) in (("plain", runs["plain"]), (large, runs[large]))}
+    r["bin_mb"] = {name: sum(p.stat().st_size for p in (work / folder).glob("train.*.bin")) / 2**20
+                   for name, folder in (("plain", "p_plain"), (small, "p_small"), (large, f"pv_{large}"))}
+    return r
+
+
+def bench_data_bert(work: Path, corpus: Path, a: argparse.Namespace) -> dict:
+    r: dict = {"vocab": {**timed(bert_preprocess(corpus, "train.txt", work / "pb_large")),
+                         "command": bert_preprocess(corpus, "train.txt", work / "pb_large")}}
+    vocab = work / "pb_large" / "vocab" / "bert.model"
+    r["plain"] = {**timed(bert_preprocess(WIKITEXT2, "test.txt", work / "pb_plain", vocab)),
+                  "command": bert_preprocess(WIKITEXT2, "test.txt", work / "pb_plain", vocab)}
+    cmd = bert_train(work / "pb_large", "train.txt", work / "first_bert", a.data_steps, log_every=1)
+    r["first"] = {**first_update(cmd, work / "first_bert"), "command": cmd}
+    for name, (folder, train, v) in {"plain": (work / "pb_plain", "test.txt", vocab),
+                                     "large": (work / "pb_large", "train.txt", None)}.items():
+        out = work / f"bsteps_{name}"
+        r[f"steps_{name}"] = train_peak(bert_train(folder, train, out, a.data_steps, v), out)
+    r["words"] = len((corpus / "train.txt").read_bytes().split())
+    r["bin_mb"] = {name: (work / folder / "train.text.bin").stat().st_size / 2**20
+                   for name, folder in (("plain", "pb_plain"), ("large", "pb_large"))}
+    return r
+
+
+def bench_regression(work: Path, commit: str, rounds: int, steps: int) -> dict:
+    """Translation training tgt tokens/s (nmt_train_args at the data section's size, Multi30k text as a user
+    runs it) at `commit`,
+    checked out in a temporary worktree, against this tree; alternating, medians."""
+    old = work / "old_tree"
+    run(["git", "worktree", "add", "--detach", str(old), commit])
+    try:
+        where = run([sys.executable, "-c", "import transformer_cli; print(transformer_cli.__file__)"],
+                    env={"PYTHONPATH": str(old)}, cwd=old).stdout.strip()
+        if not where.startswith(str(old)):
+            raise SystemExit(f"the old tree's transformer_cli did not load (got {where})")
+        tps: dict[str, list[float]] = {"old": [], "new": []}
+        for r in range(rounds):
+            for side in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                out = work / f"reg_{side}{r}"
+                tree, env = (old, {"PYTHONPATH": str(old)}) if side == "old" else (ROOT, None)
+                run(tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", str(out)),
+                    env=env, cwd=tree)
+                tps[side].append(steady(out, "tgt_tokens_per_sec"))
+    finally:
+        run(["git", "worktree", "remove", "--force", str(old)])
+    return {"commit": commit, "old": tps["old"], "new": tps["new"], "steps": steps,
+            "ratio": statistics.median(tps["new"]) / statistics.median(tps["old"]),
+            "command": tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", "RUN")}
+
+
+def bench_data(work: Path, a: argparse.Namespace) -> dict:
+    small, large = (f"m30k_x{s}" for s in a.data_scales)
+    root = a.data_root or work / "corpora"
+    corpora = build_corpora(root, list(a.data_scales), a.wiki_scale)
+    r = {"work": str(work), "data_steps": a.data_steps, "root": str(root), "scales": list(a.data_scales),
+         "small": small, "large": large,
+         "wiki_scale": a.wiki_scale, "uptime_start": uptime()}
+    r["pairs"] = {name: sum(1 for _ in open(corpora[name] / "train.en", "rb")) for name in (small, large)}
+    r["nmt"] = bench_data_nmt(work, corpora, small, large, a)
+    r["bert"] = bench_data_bert(work, corpora[f"wiki_x{a.wiki_scale}"], a)
+    r["regression"] = bench_regression(work, a.regression_commit, a.data_rounds, a.regression_steps)
+    r["uptime_end"] = uptime()
+    return r
+
+
+def uptime() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def shown(cmd: list[str], work: Path, root: Path) -> str:
+    """A command as the table prints it: python for this interpreter, $TMP for the benchmark's folder, $DATA for
+    the replicated corpora's."""
+    import shlex
+
+    text = shlex.join(["python" if c == sys.executable else c for c in cmd])
+    return (text.replace(str(root), "$DATA").replace(str(work), "$TMP").replace(str(SHARED), "../shared")
+            .replace(str(ROOT) + "/", ""))
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def data_rows(r: dict, cite: Callable[[dict | list], str]) -> list[str]:
+    n, b, small, large = r["nmt"], r["bert"], r["small"], r["large"]
+    pairs = {k: f"{v / 1e6:.2f}M pairs" for k, v in r["pairs"].items()}
+    rounds, gb = n["rounds"], lambda mb: f"{mb / 1024:.2f} GB"  # noqa: E731
+    peak = lambda x: max(x["peak_mb"], x["tree_pss_mb"])  # noqa: E731  (the workers count too)
+    vs, vl, pl = n[f"vocab_{small}"], n[f"vocab_{large}"], n["plain"]
+    rows = [
+        f"| preprocess {pairs[small]} (×{r['scales'][0]}), vocabulary given: tcli wall time against bare "
+        f"sentencepiece on the same lines, medians of {len(rounds['ours'])} alternating rounds | "
+        f"{rounds['ours_s']:.1f} s against {rounds['bare_s']:.1f} s = **{rounds['ratio']:.2f}×** (tcli "
+        f"{[round(x['wall_s'], 1) for x in rounds['ours']]}, bare {[round(x['wall_s'], 1) for x in rounds['bare']]}; "
+        f"load {rounds['ours'][0]['load']:.1f}) | {cite(rounds['command'])} vs {cite(rounds['bare_command'])} | "
+        f"≤ 1.3× | {verdict(rounds['ratio'] <= 1.3)} |"]
+    for name, x in ((small, vs), (large, vl)):
+        ok = peak(x) <= 2048 and (name == small or peak(x) <= 1.1 * peak(vs))
+        rows.append(f"| preprocess {pairs[name]}, vocabulary trained (all of tcli preprocess): wall time, peak RSS "
+                    f"(`time` %M; the whole process tree, summed Rss) | {x['wall_s']:.0f} s, **{gb(x['peak_mb'])}** "
+                    f"(tree: Rss {gb(x['tree_rss_mb'])}, Pss {gb(x['tree_pss_mb'])}; load {x['load']:.1f}) | "
+                    f"{cite(x['command'])} | ≤ 2 GB"
+                    + (", not growing with the corpus" if name == large else "")
+                    + f" | {verdict(ok)} |")
+    given = max(rounds["ours"], key=lambda x: x["peak_mb"])
+    rows.append(f"| preprocess {pairs[small]}, vocabulary given: peak RSS (largest of the rounds) | "
+                f"{gb(given['peak_mb'])} (tree {gb(given['tree_rss_mb'])}) | {cite(rounds['command'])} | — | — |")
+    rows.append(f"| preprocess Multi30k (29,000 pairs), vocabulary given | {pl['wall_s']:.1f} s, {gb(pl['peak_mb'])} | "
+                f"{cite(pl['command'])} | — | — |")
+    f = n["first"]
+    rows.append(f"| from the preprocessed {pairs[small]}: command start to the end of the first update | "
+                f"**{f['seconds']:.1f} s** (load {f['load']:.1f}) | {cite(f['command'])} | ≤ 10 s | "
+                f"{verdict(f['seconds'] <= 10)} |")
+    base = n["steps_plain"]
+    for name in (small, large):
+        x = n[f"steps_{name}"]
+        ratio = x["peak_mb"] / base["peak_mb"]
+        rows.append(f"| {r['data_steps']} training steps from the preprocessed {pairs[name]} against plain Multi30k: "
+                    f"peak RSS | {x['peak_mb']:,.0f} MB against {base['peak_mb']:,.0f} MB = **{ratio:.2f}×** "
+                    f"({x['wall_s']:.0f} s and {base['wall_s']:.0f} s) | {cite(x['command'])} vs "
+                    f"{cite(base['command'])} | within 15% | {verdict(ratio <= 1.15)} |")
+    bv, bp, bf = b["vocab"], b["plain"], b["first"]
+    words = f"{b['words'] / 1e6:.1f}M words"
+    rows.append(f"| preprocess WikiText-2 ×{r['wiki_scale']} ({words}) for BERT, vocabulary trained: wall time, "
+                f"peak RSS | {bv['wall_s']:.0f} s, **{gb(bv['peak_mb'])}** (tree: Rss {gb(bv['tree_rss_mb'])}, Pss "
+                f"{gb(bv['tree_pss_mb'])}; load {bv['load']:.1f}) | {cite(bv['command'])} | ≤ 2 GB | "
+                f"{verdict(peak(bv) <= 2048)} |")
+    rows.append(f"| preprocess WikiText-2 (test.txt) for BERT, vocabulary given | {bp['wall_s']:.1f} s, "
+                f"{gb(bp['peak_mb'])} | {cite(bp['command'])} | — | — |")
+    rows.append(f"| BERT from the preprocessed {words}: command start to the end of the first update | "
+                f"**{bf['seconds']:.1f} s** (load {bf['load']:.1f}) | {cite(bf['command'])} | ≤ 15 s | "
+                f"{verdict(bf['seconds'] <= 15)} |")
+    x, base = b["steps_large"], b["steps_plain"]
+    ratio = x["peak_mb"] / base["peak_mb"]
+    rows.append(f"| {r['data_steps']} BERT steps from the preprocessed {words} against WikiText-2: peak RSS | "
+                f"{x['peak_mb']:,.0f} MB against {base['peak_mb']:,.0f} MB = **{ratio:.2f}×** | {cite(x['command'])} "
+                f"vs {cite(base['command'])} | within 15% | {verdict(ratio <= 1.15)} |")
+    g = r["regression"]
+    rows.append(f"| no regression: translation training tgt tokens/s, {g['steps']} steps on Multi30k text, commit "
+                f"{g['commit']} against this tree, alternating | {statistics.median(g['old']):,.0f} → "
+                f"{statistics.median(g['new']):,.0f} = **{g['ratio']:.2f}×** (old {[round(v) for v in g['old']]}, new "
+                f"{[round(v) for v in g['new']]}) | {cite(g['command'])} | ≥ 0.95× | {verdict(g['ratio'] >= 0.95)} |")
+    return rows
+
+
+def ranks_rows(runs: dict[str, dict], cite: Callable[[dict | list], str]) -> list[str]:
+    """Per-rank memory on the small corpus (the control) and the large one: a copy of the corpus in each rank
+    would show as private memory growing by the corpus' size per rank."""
+    (_, control), (name, large) = runs.items()
+    corpus = sum(large["bin_mb"].values())
+    private = lambda s: s["Private_Clean"] + s["Private_Dirty"]  # noqa: E731
+    rows = [f"Two ranks under torchrun, {large['steps']} steps each, `OMP_NUM_THREADS=1`, on plain Multi30k "
+            f"({cite(control['command'])}) and on the {name} corpus ({cite(large['command'])}): each rank's "
+            "/proc/PID/smaps_rollup while training, at the sample (taken once a second) where the ranks' private "
+            "memory summed is largest; \"corpus mapping\" is the rank's mappings of the train.*.bin files "
+            "(/proc/PID/smaps).", "",
+            "| corpus (train.*.bin) | rank | Rss | Pss | Private_Clean + Private_Dirty | Shared_Clean + Shared_Dirty | "
+            "Anonymous | corpus mapping: Rss (of it private) |", "|---|---|---|---|---|---|---|---|"]
+    for label, d in runs.items():
+        for i, s in enumerate(d["ranks"]):
+            m, shared, anon = s["bin"], s["Shared_Clean"] + s["Shared_Dirty"], s.get("Anonymous", 0)
+            rows.append(f"| {label} ({sum(d['bin_mb'].values()):,.1f} MB) | {i} | {s['Rss']:,.0f} MB | "
+                        f"{s['Pss']:,.0f} MB | {private(s):,.0f} MB | {shared:,.0f} MB | {anon:,.0f} MB"
+                        f" | {m.get('Rss', 0):,.1f} MB ({m.get('Private_Clean', 0) + m.get('Private_Dirty', 0):,.1f} "
+                        "MB) |")
+    grown = sum(map(private, large["ranks"])) - sum(map(private, control["ranks"]))
+    rows += ["", f"The two ranks' private memory summed: {sum(map(private, large['ranks'])):,.0f} MB on the {name} "
+             f"corpus against {sum(map(private, control['ranks'])):,.0f} MB on Multi30k, {grown:+,.0f} MB for a "
+             f"corpus of {corpus:,.0f} MB (two copies: {2 * corpus:,.0f} MB): {verdict(grown < corpus)} (target: "
+             "the private memory does not hold two copies of the corpus)."]
+    return rows
+
+
+def data_table(r: dict, head: dict) -> str:
+    """The "Data at scale" section's table, each figure with the command that produced it (listed below it)."""
+    work, commands = Path(r["work"]), []
+
+    def cite(cmd: dict | list) -> str:
+        text = shown(cmd, work, Path(r["root"]))
+        if text not in commands:
+            commands.append(text)
+        return f"[{commands.index(text) + 1}]"
+
+    rows = [f"Machine: {head['machine']}. Run: `{head['command']}` ({head['date']}; {r['uptime_start']} at the "
+            f"start, {r['uptime_end']} at the end: the machine is shared). $TMP is the benchmark's temporary folder, "
+            f"$DATA the replicated corpora's ({', '.join(f'{k}: {v:,} pairs' for k, v in r['pairs'].items())}). "
+            f"Training runs use a small model, to keep the steps short on this CPU and the data path a large share "
+            f"of time and memory: translation `{' '.join(DATA_NMT_SIZE)}`, BERT `{' '.join(DATA_BERT_SIZE)}`; "
+            f"no evaluation during the runs and no test split (`{' '.join(NMT_DATA)}`; BERT "
+            f"`{' '.join(BERT_DATA)}`), one validation at the end.", "",
+            "| what | measured | command | target | |", "|---|---|---|---|---|", *data_rows(r, cite), "",
+            *ranks_rows(r["nmt"]["ddp"], cite), "", "Commands:", ""]
+    rows += [f"{i}. `{text}`" for i, text in enumerate(commands, 1)]
+    rows += ["", "$TMP/bare_spm.py:", "", "```python", BARE_SPM.rstrip(), "```"]
+    return "\n".join(rows) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default="nmt,bert,decode,memory,ddp", help="comma-separated subset")
@@ -252,14 +723,28 @@ def main() -> None:
     p.add_argument("--memory-steps", type=int, default=2000)
     p.add_argument("--ddp-steps", type=int, default=150)
     p.add_argument("--nmt-checkpoint", type=Path, help="a trained Multi30k model for the decoding benchmark")
-    p.add_argument("--write", type=Path, help="replace the benchmark section of this markdown file")
+    p.add_argument("--write", type=Path, help="replace the sections that ran between their markers in this file")
+    p.add_argument("--data-scales", type=lambda t: tuple(map(int, t.split(","))), default=(35, 155),
+                   help="data: Multi30k's train split replicated this many times, the smaller and the larger corpus")
+    p.add_argument("--wiki-scale", type=int, default=100, help="data: WikiText-2 test+valid replicated this many times")
+    p.add_argument("--data-root", type=Path, help="data: build (and keep) the replicated corpora here")
+    p.add_argument("--data-rounds", type=int, default=2, help="data: alternating rounds of the side-by-side timings")
+    p.add_argument("--data-steps", type=int, default=100, help="data: updates of the memory runs")
+    p.add_argument("--data-ddp-steps", type=int, default=100)
+    p.add_argument("--regression-commit", default="c15717c", help="data: the code before preprocessed data")
+    p.add_argument("--regression-steps", type=int, default=200)
     a = p.parse_args()
     only = set(a.only.split(","))
     result = {"machine": machine(), "command": "python scripts/benchmark.py " + " ".join(sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%d"), "peak_fp32": matmul_peak(torch.float32),
-              "peak_bf16": matmul_peak(torch.bfloat16)}
+              "date": time.strftime("%Y-%m-%d")}
+    speed = only & {"nmt", "bert", "decode", "memory", "ddp"}
+    if speed:  # the speed table's reference (a bf16 matmul without bf16 instructions takes many minutes)
+        result |= {"peak_fp32": matmul_peak(torch.float32), "peak_bf16": matmul_peak(torch.bfloat16)}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        if "data" in only:  # first, while nothing else of ours has warmed the machine or filled the page cache
+            result["data"] = bench_data(work, a)
+            print(json.dumps(result["data"], indent=1, default=str), file=sys.stderr)
         if "nmt" in only:
             result["nmt"] = bench_nmt(work, a.rounds, a.nmt_steps)
             result["nmt_flops_per_token"] = train_flops_per_token("nmt")
@@ -274,15 +759,28 @@ def main() -> None:
             result["memory"] = bench_memory(work, a.memory_steps)
         if "ddp" in only:
             result["ddp"] = bench_ddp(work, a.ddp_steps)
-    text = table(result)
-    print(text)
-    print(json.dumps(result, indent=1, default=str), file=sys.stderr)
+    sections = {}
+    if speed:
+        sections[START, END] = table(result)
+    if "data" in only:
+        sections[DATA_START, DATA_END] = data_table(result["data"], result)
+    for text in sections.values():
+        print(text)
+    print(json.dumps({k: v for k, v in result.items() if k != "data"}, indent=1, default=str), file=sys.stderr)
     if a.write:
-        doc = a.write.read_text(encoding="utf-8")
-        head, rest = doc.split(START, 1)
-        _, tail = rest.split(END, 1)
-        a.write.write_text(f"{head}{START}\n{text}{END}{tail}", encoding="utf-8")
+        write_sections(a.write, sections)
 
+
+def write_sections(path: Path, sections: dict[tuple[str, str], str]) -> None:
+    """Replace what lies between each pair of markers in `path` by its section's text."""
+    doc = path.read_text(encoding="utf-8")
+    for (start, end), text in sections.items():
+        if start not in doc or end not in doc:
+            raise SystemExit(f"{path} has no {start} ... {end} markers")
+        head, rest = doc.split(start, 1)
+        _, tail = rest.split(end, 1)
+        doc = f"{head}{start}\n{text}{end}{tail}"
+    path.write_text(doc, encoding="utf-8")
 
 if __name__ == "__main__":
     main()
