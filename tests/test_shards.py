@@ -245,8 +245,9 @@ def test_preprocess_command_guards_its_folder(tmp_path, data):
     one_line_error(run_tcli("preprocess", "--config", config, "--out", str(foreign)), "not empty")
     out = tmp_path / "out"
     assert run_tcli("preprocess", "--config", config, "--out", str(out)).returncode == 0
+    (out / "bert_sample_map_0123abcd.npy").write_bytes(b"")  # what pretrain-bert caches beside the arrays
     again = run_tcli("preprocess", "--config", config, "--out", str(out))
-    assert again.returncode == 0 and "up to date" in again.stderr
+    assert again.returncode == 0 and "up to date" in again.stderr, again.stderr
     one_line_error(run_tcli("preprocess", "--config", config, "--out", str(out), "--set", "data.max_len=20"),
                    "other settings (max_len)", "--force")
     forced = run_tcli("preprocess", "--config", config, "--out", str(out), "--set", "data.max_len=20", "--force")
@@ -337,3 +338,25 @@ def test_background_feeder_gives_the_same_batches_in_order_and_passes_errors_on(
     with pytest.raises(UserError, match="bad batch 13"):
         failing.next()
     failing.close()
+
+
+def test_release_finds_the_mapping_and_drops_its_pages(preprocessed):
+    """TokenArray.release must reach the mmap behind the numpy array (numpy keeps a memoryview as its base):
+    after it, none of the corpus' pages are counted in this process's mapping."""
+    manifest = shards.read_manifest(preprocessed, "translation")
+    array = manifest.array("train", "src")
+    assert shards.mapping_of(array.tokens) is not None and shards.mapping_of(array.offsets) is not None
+    int(array.tokens.sum())  # touch every page
+
+    def mapped_kb() -> int:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.endswith(str(array.path)):
+                return int(next(x for x in lines[i + 1 :] if x.startswith("Rss:")).split()[1])
+        return 0
+
+    if not Path("/proc/self/smaps").exists():
+        pytest.skip("no /proc/self/smaps here")
+    assert mapped_kb() > 0
+    array.release()
+    assert mapped_kb() == 0

@@ -476,7 +476,8 @@ def write_preprocessed(folder: Path, setup: TaskSetup, vocabs: list[Vocab], expe
     return read_manifest(folder, setup.kind)
 
 
-PREPROCESSED_ENTRY = re.compile(r"^(manifest\.json|vocab|\.lock|.+\.(bin|idx|ref|docs)|\..+\.tmp\d+)$")
+PREPROCESSED_ENTRY = re.compile(r"^(manifest\.json|vocab|\.lock|.+\.(bin|idx|ref|docs)|bert_sample_map_\w+\.npy|"
+                                r"\..+\.tmp\d+)$")  # the sample map: BERT training caches it beside the arrays
 
 
 def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool = False) -> Manifest:

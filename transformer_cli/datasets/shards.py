@@ -135,9 +135,16 @@ def _map(path: Path, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(mapped, dtype=dtype)
 
 
+def mapping_of(array: np.ndarray) -> mmap.mmap | None:
+    """The mmap behind an array made by `_map` (numpy keeps a memoryview of it as the array's base)."""
+    base = array.base
+    base = getattr(base, "obj", base)
+    return base if isinstance(base, mmap.mmap) else None
+
+
 def _release(array: np.ndarray) -> None:
-    mapped = array.base
-    if isinstance(mapped, mmap.mmap) and hasattr(mapped, "madvise"):
+    mapped = mapping_of(array)
+    if mapped is not None and hasattr(mapped, "madvise"):
         mapped.madvise(mmap.MADV_DONTNEED)
 
 

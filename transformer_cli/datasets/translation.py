@@ -254,7 +254,7 @@ class ShardedPairs:
     def batch(self, rows: np.ndarray, multiple: int = 1) -> Batch:
         out = make_batch(*self.src.gather(rows), *self.tgt.gather(rows), PAD, BOS_ID, EOS_ID, multiple)
         self._reads += 1
-        if self._reads % 32 == 0:  # keep only the pages of recent batches mapped (see TokenArray.release)
+        if self._reads % 4 == 0:  # keep only the pages of recent batches mapped (see TokenArray.release)
             self.src.release()
             self.tgt.release()
         return out

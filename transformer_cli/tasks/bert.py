@@ -100,7 +100,7 @@ class BertTask:
         batch = make_plan_batch(plan, spec, self.train.tokens, self.train.offsets, self.ids, d.mask_prob,
                                 d.max_predictions, generator, multiple=self.cfg.train.pad_to_multiple)
         self._reads += 1
-        if self._reads % 32 == 0:  # keep only the pages of recent batches mapped (see TokenArray.release)
+        if self._reads % 4 == 0:  # keep only the pages of recent batches mapped (see TokenArray.release)
             self.train.release()
         return batch
 

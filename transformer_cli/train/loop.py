@@ -290,6 +290,8 @@ class Trainer:
             try:
                 while reason is None:
                     specs = task.epoch_batches(state.epoch)
+                    if self.runtime.device.type == "cpu":
+                        release_free_memory()  # planning the epoch made corpus-sized temporaries
                     feeder = _Feeder(task, specs, state.batch_in_epoch, state.epoch, cfg.accum_steps,
                                      background=self.runtime.device.type == "cuda")
                     while state.batch_in_epoch < len(specs) and reason is None:
