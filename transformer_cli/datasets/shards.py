@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_cli.datasets.text import read_error, stream_lines
+from transformer_cli.datasets.text import fingerprint, stream_lines
 from transformer_cli.errors import UserError
 
 FORMAT = "tcli-shards/1"
@@ -53,14 +53,8 @@ def sha256_bytes(data: bytes) -> str:
 
 def describe_file(path: Path) -> dict[str, Any]:
     """Size and sha256 of a source file, read in blocks."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    except OSError as e:
-        raise read_error(e, path) from None
-    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+    digest = fingerprint([path])  # a missing or unreadable file is a one-line error here
+    return {"size": path.stat().st_size, "sha256": digest}
 
 
 def cores() -> int:
