@@ -29,6 +29,7 @@ from transformer_cli.datasets.bert import (
     sentence_targets,
     truncated_lengths,
 )
+from transformer_cli.datasets.shards import ranges
 
 IDS = SpecialIds(pad=0, cls=2, sep=3, mask=4, first_normal=5, vocab_size=60)
 
@@ -120,6 +121,11 @@ def test_tampered_maps_are_not_maps_of_the_corpus():
     assert not is_sample_map_of(shifted, offsets, doc_starts, 32, 0.1)
 
 
+def spans_of(tokens):
+    """TokenArray.spans for a token array in memory."""
+    return lambda starts, lengths: np.asarray(tokens[ranges(starts, lengths)], dtype=np.int64)
+
+
 def spans(plan, offsets, doc_starts):
     """Per-sample (A tokens, B tokens, B's document) before truncation."""
     first = plan.sample_map[:, FIRST]
@@ -165,7 +171,8 @@ def test_epochs_are_deterministic_complete_and_equal_in_size():
 
     def batch(plan, i):
         spec = plan[i]
-        return make_plan_batch(plan, spec, tokens, offsets, IDS, 0.15, 20, torch.Generator().manual_seed(spec.number))
+        return make_plan_batch(plan, spec, spans_of(tokens), offsets, IDS, 0.15, 20,
+                               torch.Generator().manual_seed(spec.number))
 
     assert all(torch.equal(getattr(batch(plans[1], 5), f), getattr(batch(again, 5), f))
                for f in ("input_ids", "segment_ids", "mlm_labels", "nsp_labels"))
@@ -202,8 +209,8 @@ def test_plan_batches_equal_todays_collate_and_masks(tmp_path):
             instances.append(Instance(a, b, bool(plan.is_next[r]), Span(doc, first, plan.a_end[r]),
                                       Span(-1, plan.b_start[r], plan.b_end[r])))
         want = make_batch(instances, IDS, 0.15, 20, torch.Generator().manual_seed(spec.number), multiple=8)
-        got = make_plan_batch(plan, spec, tokens, offsets, IDS, 0.15, 20, torch.Generator().manual_seed(spec.number),
-                              multiple=8)
+        got = make_plan_batch(plan, spec, spans_of(tokens), offsets, IDS, 0.15, 20,
+                              torch.Generator().manual_seed(spec.number), multiple=8)
         for field in ("input_ids", "segment_ids", "mlm_labels", "nsp_labels"):
             assert torch.equal(getattr(got, field), getattr(want, field)), field
         assert (got.masked, got.real_tokens) == (want.masked, want.real_tokens)

@@ -3,6 +3,7 @@ resume, data.preprocessed and vocab.model, and every way such a folder can be wr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from transformer_cli.datasets import shards
+from transformer_cli.datasets import text as text_mod
 from transformer_cli.datasets.text import read_lines, stream_lines
 from transformer_cli.errors import UserError
 
@@ -67,6 +69,8 @@ def test_format_is_readable_with_numpy_and_equals_sentencepiece(preprocessed, da
         assert manifest["splits"][split]["dropped"]["too_long"] == len(src) - len(kept)
     assert read_lines(preprocessed / "val.ref") == read_lines(data / "val.tgt")
     assert manifest["sources"]["train.src"] == shards.describe_file(data / "train.src")
+    # the fingerprint a checkpoint keeps, found in the same read as the lines' index, is that of the files
+    assert manifest["data_fingerprint"] == text_mod.fingerprint([data / "train.src", data / "train.tgt"])
 
 
 def test_dropped_pairs_are_counted_by_reason(tmp_path, preprocessed):
@@ -119,6 +123,45 @@ def test_stream_lines_equals_read_lines_across_block_boundaries(tmp_path, newlin
         assert got == read_lines(path) == [line.strip("\r") for line in lines], block
 
 
+CASES = [b"", b"\n", b"\n\n", b"a", b"a\n", b"a\nb", b"\xef\xbb\xbf", b"\xef\xbb\xbf\n", b"\xef\xbb\xbfa\r\nb\r\n",
+         b"a\rb\rc", b"a\rb\r", b"\r\r\n", "x€\n𝄞\n\nä".encode(), b"a\r\nb\nc\r\n\r\n"]
+
+
+@pytest.mark.parametrize("data", CASES)
+def test_blocks_read_anywhere_give_the_lines_of_stream_lines(tmp_path, data):
+    path = tmp_path / "t.txt"
+    path.write_bytes(data)
+    want = [line for chunk in stream_lines(path) for line in chunk]
+    for block, chunk_bytes in ((1, 1 << 22), (2, 1), (3, 2), (100, 3)):
+        index = text_mod.index_lines(path, block, chunk_bytes=chunk_bytes)
+        assert index.lines == len(want) == text_mod.count_lines(path) and index.size == len(data)
+        assert index.sha256 == hashlib.sha256(data).hexdigest()
+        got = [line for b in index.blocks() for line in text_mod.read_block(b)]
+        assert got == want, (block, chunk_bytes)
+
+
+def test_blocks_of_a_long_file_across_chunks(tmp_path):
+    rng = random.Random(1)
+    lines = ["".join(rng.choice("ab €\r") for _ in range(rng.randint(0, 40))) for _ in range(3000)]
+    path = tmp_path / "t.txt"
+    path.write_text("\n".join(lines), encoding="utf-8", newline="")
+    want = read_lines(path)
+    index = text_mod.index_lines(path, 128, chunk_bytes=1000)
+    assert len(index.starts) == -(-len(want) // 128) + 1
+    assert [line for b in index.blocks() for line in text_mod.read_block(b)] == want
+    path.write_text("\n".join(lines[:-1]), encoding="utf-8", newline="")  # changed after indexing
+    with pytest.raises(UserError, match="changed while it was being read"):
+        [text_mod.read_block(b) for b in index.blocks()]
+
+
+def test_index_lines_names_the_line_of_invalid_utf8(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"ok\n" * 1000 + b"bad \xff\n" + b"ok\n")
+    for chunk_bytes in (7, 100, 1 << 22):
+        with pytest.raises(UserError, match=r"t\.txt line 1001: invalid UTF-8"):
+            text_mod.index_lines(path, 10, chunk_bytes=chunk_bytes)
+
+
 def test_stream_lines_names_the_line_of_invalid_utf8_in_a_later_block(tmp_path):
     path = tmp_path / "t.txt"
     path.write_bytes(b"ok\n" * 1000 + b"bad \xff\n" + b"ok\n")
@@ -135,6 +178,16 @@ def test_reservoir_is_bounded_seeded_and_keeps_small_inputs_whole():
     assert shards.reservoir(iter(lines[:100] + [""]), 500, seed=3) == lines[:100]
     low = sum(int(s.split()[1]) < 5000 for s in sample)
     assert 180 < low < 320  # uniform over the stream, not its head
+
+
+def test_reservoir_holds_at_most_max_chars_and_stays_uniform():
+    lines = [f"{i:05d}" + "x" * (i % 7) for i in range(20_000)]  # 5 to 11 characters
+    sample = shards.reservoir(iter(lines), 10_000, seed=1, max_chars=20_000)
+    assert sum(map(len, sample)) <= 20_000 and len(sample) > 1_500 and len(set(sample)) == len(sample)
+    assert sample == shards.reservoir(iter(lines), 10_000, seed=1, max_chars=20_000)
+    low = sum(int(s[:5]) < 10_000 for s in sample)
+    assert abs(low / len(sample) - 0.5) < 0.06  # the first half of the stream is not favoured
+    assert shards.reservoir(iter(lines[:100]), 10_000, seed=1, max_chars=20_000) == lines[:100]
 
 
 def test_run_without_preprocess_equals_run_with_it(tmp_path, data, preprocessed):
@@ -285,7 +338,7 @@ def test_vocab_model_is_used_as_given_and_checked(tmp_path, data, preprocessed):
                             "model.share_embeddings=false"), "vocab.model", "vocab.joint: true")
 
 
-def test_bert_documents_stream_into_the_same_structure(tmp_path, monkeypatch):
+def test_bert_documents_stream_into_the_same_structure(tmp_path):
     """Sentences and document boundaries written by the streaming, block-wise preprocessing equal those of
     reading the whole file (read_documents + encode_documents), wherever the blocks are cut."""
     from transformer_cli.datasets.bert import encode_documents, read_documents
@@ -297,11 +350,11 @@ def test_bert_documents_stream_into_the_same_structure(tmp_path, monkeypatch):
 
     vocab = train_bert_vocab([s for d in docs_text for s in d], BertRunConfig())
     expected = encode_documents(vocab, docs_text)
-    for block in (3, 17, 20_000):
-        monkeypatch.setattr(shards, "BLOCK_LINES", block)
+    for block, workers in ((3, 0), (17, 2), (20_000, 0)):
         folder = tmp_path / f"b{block}"
         folder.mkdir()
-        stats = shards.preprocess_documents(folder, {"train": text}, vocab, "text", True, quiet=True, workers=0)
+        stats = shards.preprocess_documents(folder, {"train": text_mod.index_lines(text, block)}, vocab, "text", True,
+                                            quiet=True, workers=workers)
         sentences = read_split(folder, "train.text", "<u2")
         starts = np.fromfile(folder / "train.docs", dtype="<i8").tolist()
         got = [sentences[a:b] for a, b in zip(starts, starts[1:])]
@@ -360,3 +413,34 @@ def test_release_finds_the_mapping_and_drops_its_pages(preprocessed):
     assert mapped_kb() > 0
     array.release()
     assert mapped_kb() == 0
+
+
+def test_reads_with_pread_equal_the_arrays_and_map_no_page(preprocessed):
+    """gather/spans (pread) return what numpy reads from the files, and training reads through them leave
+    nothing of the corpus mapped (a mapped read would map 64 KB around every sentence it touches)."""
+    from transformer_cli.datasets.translation import ShardedPairs
+
+    manifest = shards.read_manifest(preprocessed, "translation")
+    sentences = read_split(preprocessed, "train.src", manifest.data["dtype"])
+    array = manifest.array("train", "src")
+    rows = np.random.default_rng(0).permutation(len(sentences))[:50]
+    flat, lengths = array.gather(rows)
+    assert flat.dtype == np.int64 and lengths.tolist() == [len(sentences[r]) for r in rows]
+    assert flat.tolist() == [t for r in rows for t in sentences[r]]
+    tokens = np.fromfile(preprocessed / "train.src.bin", dtype=manifest.data["dtype"])
+    starts, spans = np.array([0, 5, 17, len(tokens) - 3]), np.array([3, 0, 9, 3])
+    assert array.spans(starts, spans).tolist() == [t for a, n in zip(starts, spans) for t in tokens[a : a + n]]
+    assert array.gather(np.zeros(0, np.int64))[0].size == 0
+    assert array.lengths().dtype == np.uint16 and array.lengths().tolist() == [len(s) for s in sentences]
+
+    if not Path("/proc/self/smaps").exists():
+        pytest.skip("no /proc/self/smaps here")
+    pairs = ShardedPairs(manifest, "train")
+    pairs.src.release()
+    pairs.tgt.release()
+    for start in range(0, len(pairs), 16):
+        pairs.batch(np.arange(start, min(start + 16, len(pairs))))
+    smaps = Path("/proc/self/smaps").read_text().splitlines()
+    mapped = [int(next(x for x in smaps[i + 1 :] if x.startswith("Rss:")).split()[1])
+              for i, line in enumerate(smaps) if line.endswith(("train.src.bin", "train.tgt.bin"))]
+    assert mapped and sum(mapped) <= 8  # at most the last page each, read when the arrays were opened

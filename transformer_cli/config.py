@@ -128,8 +128,8 @@ class VocabConfig(Section):
     joint: bool = Field(True, description="one vocabulary for source and target (needed to share embeddings)")
     character_coverage: float = Field(1.0, gt=0.0, le=1.0, description="share of characters covered")
     max_sentences: int = Field(1_000_000, ge=1, le=1_000_000_000,
-                               description="at most this many lines, drawn at random, train the vocabulary "
-                               "(sentencepiece needs about 1.7 GB for 1M lines)")
+                               description="at most this many lines (and 50M characters), drawn at random, train "
+                               "the vocabulary (sentencepiece needs about 17 bytes per character: under 1 GB)")
     model: str | None = Field(None, description="an existing sentencepiece .model to use instead of training one")
 
 

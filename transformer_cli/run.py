@@ -278,6 +278,36 @@ class TaskSetup(Protocol):
     def make_task(self, vocabs: list[Vocab], data: Manifest, quiet: bool) -> Any: ...  # build the model -> Task
 
 
+class SetupBase:
+    """What both tasks' setups share: the folder named by data.preprocessed (read and checked once), and the
+    text files' sizes and hashes (taken from read_data's read of them, when it made one)."""
+
+    kind: str
+    cfg: Any
+
+    def __init__(self) -> None:
+        self._manifest: Manifest | None = None
+        self._sources: dict[str, Any] | None = None
+        self._read: dict[Path, dict[str, Any]] = {}  # path -> {"size", "sha256"} of the files read_data read
+
+    def data_settings(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def source_files(self) -> list[Path]:
+        raise NotImplementedError
+
+    def preprocessed(self) -> Manifest | None:
+        if self.cfg.data.preprocessed is not None and self._manifest is None:
+            self._manifest = read_manifest(Path(self.cfg.data.preprocessed), self.kind)
+            check_preprocessed(self._manifest, self.data_settings(), self.cfg.vocab)
+        return self._manifest
+
+    def sources(self) -> dict[str, Any]:
+        if self._sources is None:
+            self._sources = {p.name: self._read.get(p) or describe_file(p) for p in self.source_files()}
+        return self._sources
+
+
 def run_training(setup: TaskSetup, cfg: Any, run_dir: Path, device: str = "auto", resume: bool = False,
                  quiet: bool = False) -> dict[str, Any]:
     """Train a run from its config, start to end, with every guarantee of the README's "What tcli

@@ -16,8 +16,7 @@ import hashlib
 import io
 import json
 import random
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -27,33 +26,14 @@ import torch
 from torch import Tensor
 
 from transformer_cli.checkpoint import write_atomic
-from transformer_cli.datasets.text import read_lines
+from transformer_cli.datasets.shards import ranges
+from transformer_cli.datasets.text import heading_level, read_lines, split_sentences
 from transformer_cli.errors import UserError
 from transformer_cli.models.losses import IGNORE
 
 IS_NEXT, NOT_NEXT = 0, 1
 
 # ----------------------------------------------------------------------------- documents
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
-_ABBREVIATIONS = {"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "vs.", "etc.", "e.g.", "i.e.", "jr.", "sr.", "no.",
-                  "fig.", "inc.", "ltd.", "co.", "u.s.", "a.m.", "p.m."}
-
-
-def split_sentences(paragraph: str) -> list[str]:
-    """Rule-based splitter: break after . ! ? before a capital or digit, except after common abbreviations
-    and single-letter initials."""
-    pieces, start = [], 0
-    for match in _SENTENCE_END.finditer(paragraph):
-        candidate = paragraph[start : match.start()].rstrip()
-        last_word = candidate.split()[-1].lower() if candidate.split() else ""
-        if last_word in _ABBREVIATIONS or re.fullmatch(r"[a-z]\.", last_word):
-            continue
-        pieces.append(paragraph[start : match.end()].strip())
-        start = match.end()
-    pieces.append(paragraph[start:].strip())
-    return [p for p in pieces if p]
-
 
 def read_documents(path: Path, fmt: str, split: bool) -> list[list[str]]:
     """Documents as lists of sentences.
@@ -75,17 +55,6 @@ def read_documents(path: Path, fmt: str, split: bool) -> list[list[str]]:
             continue
         docs[-1].extend(split_sentences(text) if split else [text])
     return [d for d in docs if d]
-
-
-def heading_level(text: str) -> int:
-    """WikiText headings: `= Title =` is level 1, `= = Section = =` level 2, ...; other lines 0."""
-    words = text.split()
-    if len(words) < 3 or words[0] != "=" or words[-1] != "=":
-        return 0
-    level = 0
-    while level < len(words) and words[level] == "=":
-        level += 1
-    return level if level < len(words) else 0
 
 
 # ----------------------------------------------------------------------------- NSP pairs
@@ -500,36 +469,38 @@ def truncated_lengths(len_a: np.ndarray, len_b: np.ndarray, max_tokens: int) -> 
     return keep_a, np.where(over, max_tokens - keep_a, len_b)
 
 
-def make_plan_batch(plan: EpochPlan, spec: PlanBatch, tokens: np.ndarray, offsets: np.ndarray, ids: SpecialIds,
-                    mask_prob: float, max_predictions: int, generator: torch.Generator,
-                    multiple: int = 1) -> BertBatch:
-    """The batch `spec` of `plan`, its rows read from the token array now: pairs truncated as _truncate_pair
-    (A loses tokens at its start, B at its end), laid out as collate_pairs, masked by mask_tokens."""
+def make_plan_batch(plan: EpochPlan, spec: PlanBatch, spans: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                    offsets: np.ndarray, ids: SpecialIds, mask_prob: float, max_predictions: int,
+                    generator: torch.Generator, multiple: int = 1) -> BertBatch:
+    """The batch `spec` of `plan`, its rows read from the corpus now (`spans(starts, lengths)`: those token
+    ranges, concatenated, as TokenArray.spans reads them): pairs truncated as _truncate_pair (A loses tokens
+    at its start, B at its end), laid out as collate_pairs, masked by mask_tokens."""
     rows, offsets = spec.rows, np.asarray(offsets)
     a_first, a_end = offsets[plan.sample_map[rows, FIRST]], offsets[plan.a_end[rows]]  # (B,) token positions
     b_first = offsets[plan.b_start[rows]]
     keep_a, keep_b = truncated_lengths(a_end - a_first, offsets[plan.b_end[rows]] - b_first, plan.max_seq_len - 3)
-    input_ids, segments = _pack_pairs(tokens, a_end - keep_a, keep_a, b_first, keep_b, ids, multiple)
+    input_ids, segments = _pack_pairs(spans(a_end - keep_a, keep_a), keep_a, spans(b_first, keep_b), keep_b, ids,
+                                      multiple)
     nsp = torch.from_numpy(np.where(plan.is_next[rows], IS_NEXT, NOT_NEXT))
     masked, labels = mask_tokens(input_ids, ids, mask_prob, max_predictions, generator)
     return BertBatch(masked, segments, labels, nsp, masked=int(labels.ne(IGNORE).sum()),
                      real_tokens=int(input_ids.ne(ids.pad).sum()))
 
 
-def _pack_pairs(tokens: np.ndarray, a_from: np.ndarray, a_len: np.ndarray, b_from: np.ndarray, b_len: np.ndarray,
-                ids: SpecialIds, multiple: int) -> tuple[Tensor, Tensor]:
-    """(B, T) rows `[CLS] A [SEP] B [SEP] [PAD]...` gathered from `tokens` in one read, and their segment ids
-    (B and its [SEP] are 1); T is the longest row rounded up to a multiple of `multiple`."""
+def _pack_pairs(a_tokens: np.ndarray, a_len: np.ndarray, b_tokens: np.ndarray, b_len: np.ndarray, ids: SpecialIds,
+                multiple: int) -> tuple[Tensor, Tensor]:
+    """(B, T) rows `[CLS] A [SEP] B [SEP] [PAD]...` from the rows' A and B tokens (each concatenated, with their
+    lengths), and their segment ids (B and its [SEP] are 1); T is the longest row rounded up to a multiple of
+    `multiple`."""
+    B = len(a_len)
     T = -(-int((a_len + b_len).max() + 3) // multiple) * multiple
-    col = np.arange(T)[None, :]  # (1, T)
-    a_from, a_len, b_from, b_len = (x[:, None] for x in (a_from, a_len, b_from, b_len))  # (B, 1)
-    in_a = (col >= 1) & (col <= a_len)
-    b_col = col - (a_len + 2)  # (B, T) position within B
-    in_b = (b_col >= 0) & (b_col < b_len)
-    source = np.where(in_a, a_from + col - 1, b_from + b_col)
-    text = np.asarray(tokens[np.where(in_a | in_b, source, 0)], dtype=np.int64)  # (B, T)
-    input_ids = np.where(in_a | in_b, text, ids.pad)
+    row = np.arange(B)
+    input_ids = np.full((B, T), ids.pad, dtype=np.int64)
+    input_ids[np.repeat(row, a_len), ranges(np.ones(B, np.int64), a_len)] = a_tokens  # A at columns 1 .. a_len
+    input_ids[np.repeat(row, b_len), ranges(a_len + 2, b_len)] = b_tokens  # B after [CLS] A [SEP]
     input_ids[:, 0] = ids.cls
-    input_ids[(col == a_len + 1) | (b_col == b_len)] = ids.sep
-    segments = ((b_col >= 0) & (b_col <= b_len)).astype(np.int64)
+    input_ids[row, a_len + 1] = ids.sep
+    input_ids[row, a_len + b_len + 2] = ids.sep
+    b_col = np.arange(T)[None, :] - (a_len + 2)[:, None]  # (B, T) position within B
+    segments = ((b_col >= 0) & (b_col <= b_len[:, None])).astype(np.int64)
     return torch.from_numpy(input_ids), torch.from_numpy(segments)

@@ -34,13 +34,16 @@ from typing import Any
 
 import numpy as np
 
-from transformer_cli.datasets.text import fingerprint, stream_lines
+from transformer_cli.datasets.text import Block, LineIndex, fingerprint, heading_level, read_block, split_sentences
 from transformer_cli.errors import UserError
 
 FORMAT = "tcli-shards/1"
 MANIFEST = "manifest.json"
 BLOCK_LINES = 20_000  # lines per tokenising task
 IN_PROCESS_BYTES = 8 << 20  # smaller inputs are tokenised in this process (starting workers costs more)
+# The vocabulary's training sample holds at most this many characters: sentencepiece needs about 17 bytes per
+# character of its input (measured: 0.6 GB for 35M characters), so vocabulary training stays within 2 GB.
+SAMPLE_CHARS = 50_000_000
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -68,37 +71,62 @@ def cores() -> int:
 
 
 class TokenArray:
-    """One `{name}.bin` / `{name}.idx` pair, memory-mapped: sentences are read without loading the file.
+    """One `{name}.bin` / `{name}.idx` pair: sentences are read without loading the files.
 
-    Every process that opens the same files shares their pages (the OS page cache): torchrun ranks hold no
-    private copy. `release()` drops this process's mapping of the pages read so far (they stay cached), so
-    its resident memory stays that of the batches in use, not of the corpus it has walked through.
+    `gather` reads sentences with pread, so that no page of the files is mapped into this process (a read
+    through a memory map maps the 64 KB around every page it touches, megabytes for a batch of scattered
+    sentences): resident memory stays that of the batches in use. `tokens` and `offsets` are the same files
+    memory-mapped, for whole-corpus array code (BERT's sample map); `release()` drops this process's mapping
+    of the pages read through them so far. Either way, every process reading the same files shares their
+    pages in the OS page cache: torchrun ranks hold no private copy.
     """
 
     def __init__(self, folder: Path, name: str, dtype: np.dtype):
         self.path = folder / f"{name}.bin"
-        self.tokens, self._maps = _map(self.path, dtype), []
+        self.tokens = _map(self.path, dtype)
         self.offsets = _map(folder / f"{name}.idx", np.dtype("<i8"))
         if len(self.offsets) == 0 or self.offsets[-1] != len(self.tokens) or self.offsets[0] != 0:
             raise UserError(f"{self.path}: its index does not match its size; preprocess again")
+        self._bin, self._idx = open(self.path, "rb"), open(self.path.with_suffix(".idx"), "rb")  # for pread
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     def lengths(self) -> np.ndarray:
-        """(n,) int32 sentence lengths in pieces."""
-        out = np.diff(self.offsets).astype(np.int32)
-        self.release()
+        """(n,) sentence lengths in pieces: uint16 when all are under 65,536 (half the memory), else int32.
+        The index file is read a block at a time (not through the mapping): it is never resident as a whole."""
+        n, step = len(self), 1 << 20
+        out = np.empty(n, np.uint16)
+        with open(self.path.with_suffix(".idx"), "rb") as f:
+            for start in range(0, n, step):
+                block = np.diff(np.fromfile(f, "<i8", min(step, n - start) + 1, offset=0))  # (<= step,) int64
+                f.seek(-8, os.SEEK_CUR)  # the next block starts at this block's last offset
+                if block.max(initial=0) >= 1 << 16 and out.dtype == np.uint16:
+                    out = out.astype(np.int32)
+                out[start : start + len(block)] = block
         return out
 
-    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The sentences `rows` as (flat int64 ids, lengths)."""
-        starts = self.offsets[rows]
-        lengths = self.offsets[rows + 1] - starts
-        return self.tokens[ranges(starts, lengths)].astype(np.int64), lengths
+    def gather(self, rows: np.ndarray | list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The sentences `rows` as (flat int64 ids, int64 lengths), read with pread (two reads a sentence)."""
+        idx = self._idx.fileno()
+        bounds = np.frombuffer(b"".join(os.pread(idx, 16, 8 * r) for r in np.asarray(rows).tolist()), "<i8")
+        if len(bounds) != 2 * len(rows):
+            raise UserError(f"{self.path} changed while training read it; preprocess again")
+        starts, lengths = bounds[0::2], bounds[1::2] - bounds[0::2]  # (B,) each
+        return self.spans(starts, lengths), lengths
+
+    def spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Tokens [starts[i], starts[i] + lengths[i]) for every i, concatenated as int64, read with pread."""
+        fd, item = self._bin.fileno(), self.tokens.dtype.itemsize
+        data = b"".join(os.pread(fd, n * item, a * item) for a, n in zip(np.asarray(starts).tolist(),
+                                                                         np.asarray(lengths).tolist()))
+        flat = np.frombuffer(data, self.tokens.dtype)
+        if len(flat) != int(np.sum(lengths)):
+            raise UserError(f"{self.path} changed while training read it; preprocess again")
+        return flat.astype(np.int64)
 
     def sentence(self, i: int) -> list[int]:
-        return self.tokens[self.offsets[i] : self.offsets[i + 1]].tolist()
+        return self.gather([i])[0].tolist()
 
     def release(self) -> None:
         for array in (self.tokens, self.offsets):
@@ -115,6 +143,9 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def _map(path: Path, dtype: np.dtype) -> np.ndarray:
+    """The file as a read-only array. Its pages are read one at a time when touched (MADV_RANDOM): batches read
+    scattered sentences, and the kernel's default of mapping 16 neighbouring pages per touch would make each
+    batch map megabytes it does not use."""
     try:
         size = path.stat().st_size
         if size == 0:
@@ -124,6 +155,8 @@ def _map(path: Path, dtype: np.dtype) -> np.ndarray:
                             "preprocess again")
         with open(path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(mapped, "madvise"):
+            mapped.madvise(mmap.MADV_RANDOM)
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}; preprocess again") from None
     return np.frombuffer(mapped, dtype=dtype)
@@ -225,41 +258,67 @@ def flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return flat, lengths
 
 
-# Worker processes: each loads the sentencepiece models once.
+# Worker processes: each loads the sentencepiece models of its first task, and keeps them.
 _MODELS: list[Any] = []
+_MODEL_BYTES: list[bytes] = []
 
 
-def _init_worker(model_bytes: list[bytes]) -> None:
+def _load_models(model_bytes: list[bytes]) -> None:
     import sentencepiece as spm
 
-    _MODELS[:] = [spm.SentencePieceProcessor(model_proto=b) for b in model_bytes]
+    if model_bytes != _MODEL_BYTES:
+        _MODELS[:] = [spm.SentencePieceProcessor(model_proto=b) for b in model_bytes]
+        _MODEL_BYTES[:] = model_bytes
 
 
-def ordered_map(fn: Callable, tasks: Iterable[Any], model_bytes: list[bytes], workers: int) -> Iterator[Any]:
-    """fn(task) for every task, in order, in `workers` processes with at most 2 x workers tasks in flight
-    (Pool.imap would read the whole input ahead); `workers` 0 runs in this process."""
-    if workers == 0:
-        _init_worker(model_bytes)
-        yield from map(fn, tasks)
-        return
-    import multiprocessing
+def _run(job: tuple[Callable, list[bytes], Any]) -> Any:
+    fn, model_bytes, task = job
+    _load_models(model_bytes)
+    return fn(task)
 
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (torch, tqdm)
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(model_bytes,)) as pool:
+
+class Workers:
+    """`workers` processes (0: this process), started once for all the splits; `map` runs fn(task) for every
+    task, in order, with at most 2 x workers tasks in flight (Pool.imap would read the whole input ahead).
+    The models travel with the tasks (a worker loads them once): a model passed at start-up would make each
+    start wait for its process to boot and read it, one process after the other."""
+
+    def __init__(self, model_bytes: list[bytes], workers: int):
+        self.model_bytes, self.workers, self._pool = model_bytes, workers, None
+        if workers == 0:
+            return
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (torch, tqdm)
+        self._pool = ctx.Pool(workers)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+
+    def map(self, fn: Callable, tasks: Iterable[Any]) -> Iterator[Any]:
+        jobs = ((fn, self.model_bytes, task) for task in tasks)
+        if self._pool is None:
+            yield from map(_run, jobs)
+            return
         pending: collections.deque = collections.deque()
-        for task in tasks:
-            pending.append(pool.apply_async(fn, (task,)))
-            if len(pending) >= 2 * workers:
+        for job in jobs:
+            pending.append(self._pool.apply_async(_run, (job,)))
+            if len(pending) >= 2 * self.workers:
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
 
 
-def choose_workers(paths: list[Path], workers: int | None) -> int:
+def choose_workers(sizes: list[int], workers: int | None) -> int:
+    """One worker process per core, or none (this process) for text under IN_PROCESS_BYTES."""
     if workers is not None:
         return workers
-    size = sum(p.stat().st_size for p in paths if p.is_file())
-    return 0 if size < IN_PROCESS_BYTES or cores() == 1 else cores()
+    return 0 if sum(sizes) < IN_PROCESS_BYTES or cores() == 1 else cores()
 
 
 def progress(desc: str, quiet: bool):
@@ -269,22 +328,31 @@ def progress(desc: str, quiet: bool):
                 disable=quiet or not sys.stderr.isatty())
 
 
-def reservoir(lines: Iterable[str], size: int, seed: int) -> list[str]:
-    """At most `size` non-blank lines drawn uniformly from a stream (Algorithm R): all of them, in order, when
-    there are no more than `size`; memory is bounded by `size`, not by the stream."""
+def reservoir(lines: Iterable[str], size: int, seed: int, max_chars: int = SAMPLE_CHARS) -> list[str]:
+    """At most `size` non-blank lines, and at most `max_chars` characters, drawn uniformly from a stream
+    (Algorithm R): all of them, in order, when they fit; memory is bounded, whatever the stream's length.
+    Over `max_chars`, random lines are dropped until the sample is a tenth under it, and the smaller size is
+    kept from there on (a uniform sample of a uniform sample is uniform)."""
     rng = random.Random(seed)
     sample: list[str] = []
-    seen = 0
+    seen = chars = 0
     for line in lines:
         if not line.strip():
             continue
         seen += 1
         if len(sample) < size:
             sample.append(line)
+            chars += len(line)
         else:
             j = rng.randrange(seen)
             if j < size:
+                chars += len(line) - len(sample[j])
                 sample[j] = line
+        if chars > max_chars:
+            rng.shuffle(sample)
+            while chars > 0.9 * max_chars:
+                chars -= len(sample.pop())
+            size = len(sample)
     return sample
 
 
@@ -317,13 +385,35 @@ def batched(items: Iterator[Any], n: int) -> Iterator[list[Any]]:
 # ----------------------------------------------------------------------------- documents (BERT)
 
 
-def _encode_documents_block(task: tuple[list[str], str, bool, str]) -> dict[str, Any]:
-    """Worker: a block of lines -> its sentences' ids, and which sentences start a document. A boundary (a blank
-    line, or a WikiText title) before a sentence that encodes to nothing moves to the next sentence; one after
-    the block's last sentence is carried to the next block (`trailing`)."""
-    from transformer_cli.datasets.bert import heading_level, split_sentences
+def encode_pairs(task: tuple[Block, Block, int | None, bool, str]) -> dict[str, Any]:
+    """Worker: read and tokenise one block of line pairs; pairs with an empty side or a side over max_len are
+    dropped (and counted)."""
+    src_block, tgt_block, max_len, references, dtype = task
+    src_lines, tgt_lines = read_block(src_block), read_block(tgt_block)
+    lines = len(src_lines)
+    src_sp, tgt_sp = _MODELS[0], _MODELS[-1]
+    nonempty = [i for i, (s, t) in enumerate(zip(src_lines, tgt_lines)) if s.strip() and t.strip()]
+    if len(nonempty) < len(src_lines):
+        src_lines, tgt_lines = [src_lines[i] for i in nonempty], [tgt_lines[i] for i in nonempty]
+    src, src_lens = flatten(src_sp.encode(src_lines, num_threads=1))
+    tgt, tgt_lens = flatten(tgt_sp.encode(tgt_lines, num_threads=1))
+    keep = np.ones(len(nonempty), dtype=bool)
+    if max_len is not None:
+        keep = (src_lens <= max_len) & (tgt_lens <= max_len)
+    if not keep.all():
+        src, tgt = src[np.repeat(keep, src_lens)], tgt[np.repeat(keep, tgt_lens)]
+        src_lens, tgt_lens = src_lens[keep], tgt_lens[keep]
+    refs = [tgt_lines[i] for i in np.flatnonzero(keep)] if references else None
+    return {"src": src.astype(dtype), "src_lens": src_lens, "tgt": tgt.astype(dtype), "tgt_lens": tgt_lens,
+            "lines": lines, "empty": lines - len(nonempty), "long": int((~keep).sum()), "refs": refs}
 
-    lines, fmt, split, dtype = task
+
+def encode_documents(task: tuple[Block, str, bool, str]) -> dict[str, Any]:
+    """Worker: read one block of a BERT text file and tokenise its sentences, noting which start a document.
+    A boundary (a blank line, or a WikiText title) before a sentence that encodes to nothing moves to the next
+    sentence; one after the block's last sentence is carried to the next block (`trailing`)."""
+    block, fmt, split, dtype = task
+    lines = read_block(block)
     sentences: list[str] = []
     starts: list[bool] = []
     boundary = False
@@ -339,8 +429,8 @@ def _encode_documents_block(task: tuple[list[str], str, bool, str]) -> dict[str,
             boundary = False
     flat, lengths = flatten(_MODELS[0].encode(sentences, num_threads=1))
     kept_starts, carry = [], False
-    for length, start in zip(lengths.tolist(), starts):
-        carry = carry or start
+    for length, start_here in zip(lengths.tolist(), starts):
+        carry = carry or start_here
         if length:
             kept_starts.append(carry)
             carry = False
@@ -348,23 +438,23 @@ def _encode_documents_block(task: tuple[list[str], str, bool, str]) -> dict[str,
             "trailing": carry or boundary, "lines": len(lines)}
 
 
-def preprocess_documents(folder: Path, splits: dict[str, Path], vocab: Any, fmt: str, split_sentences: bool,
+def preprocess_documents(folder: Path, splits: dict[str, LineIndex], vocab: Any, fmt: str, split: bool,
                          quiet: bool, workers: int | None = None) -> dict[str, dict[str, Any]]:
     """Tokenise BERT text files into `folder`: {split}.text.bin/.idx (sentences) and {split}.docs (where the
-    documents start); returns each split's counts and file sizes for the manifest."""
+    documents start); returns each split's counts and file sizes for the manifest. Worker processes read and
+    tokenise the blocks of `splits` (from `index_lines`), in order."""
     from transformer_cli.datasets.bert import check_document_counts
 
     dtype = token_dtype(len(vocab))
-    workers = choose_workers(list(splits.values()), workers)
+    workers = choose_workers([index.size for index in splits.values()], workers)
     out: dict[str, dict[str, Any]] = {}
-    with progress("preprocess", quiet) as bar:
-        for name, path in splits.items():
+    with progress("preprocess", quiet) as bar, Workers([vocab.model_bytes], workers) as pool:
+        for name, index in splits.items():
             writer = ArrayWriter(folder, f"{name}.text", dtype)
             doc_starts: list[np.ndarray] = []
             boundary, lines = True, 0  # the first sentence starts a document
-            tasks = ((block, fmt, split_sentences, dtype.str) for block in batched(lines_of(stream_lines(path)),
-                                                                                   BLOCK_LINES))
-            for block in ordered_map(_encode_documents_block, tasks, [vocab.model_bytes], workers):
+            tasks = ((block, fmt, split, dtype.str) for block in index.blocks())
+            for block in pool.map(encode_documents, tasks):
                 starts = block["starts"]
                 if len(starts):
                     starts[0] |= boundary
@@ -377,7 +467,7 @@ def preprocess_documents(folder: Path, splits: dict[str, Path], vocab: Any, fmt:
                 bar.update(block["lines"])
             writer.close()
             docs = np.concatenate(doc_starts + [np.array([writer.count])]).astype("<i8")
-            check_document_counts(len(docs) - 1, int(np.diff(docs).max(initial=0)), str(path), fmt)
+            check_document_counts(len(docs) - 1, int(np.diff(docs).max(initial=0)), str(index.path), fmt)
             (folder / f"{name}.docs").write_bytes(docs.tobytes())
             names = [*writer.names, f"{name}.docs"]
             out[name] = {"counts": {"lines": lines, "documents": len(docs) - 1, "sentences": writer.count},

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import select
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+import numpy as np
 
 from transformer_cli.errors import UserError
 
@@ -216,7 +220,10 @@ def fingerprint(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def stream_lines(path: str | Path, block_bytes: int = 1 << 22) -> Iterator[list[str]]:
+STREAM_BYTES = 1 << 22
+
+
+def stream_lines(path: str | Path, block_bytes: int = STREAM_BYTES) -> Iterator[list[str]]:
     """The lines of a UTF-8 text file in lists, read `block_bytes` at a time, so that a file of any size is
     read in bounded memory (the lines and errors of `LineReader`)."""
     with open_lines(path, block_bytes) as reader:
@@ -225,4 +232,142 @@ def stream_lines(path: str | Path, block_bytes: int = 1 << 22) -> Iterator[list[
 
 def count_lines(path: str | Path) -> int:
     """The number of lines of a UTF-8 text file, read as a stream (invalid UTF-8 is an error naming the line)."""
-    return sum(len(block) for block in stream_lines(path))
+    return index_lines(path, 1 << 62).lines
+
+
+# ----------------------------------------------------------------------------- blocks of lines, read anywhere
+
+
+@dataclass(frozen=True)
+class LineIndex:
+    """Where every `block`-th line of a text file starts, so that its blocks of lines can be read and decoded
+    independently (by worker processes), each giving exactly the lines `stream_lines` gives there."""
+
+    path: Path
+    lines: int
+    sep: bytes  # the line ending: b"\n" (a \r before it is dropped), or b"\r" in old Mac files
+    starts: np.ndarray  # (blocks + 1,) int64 byte offsets: block k is bytes starts[k]:starts[k + 1]
+    block: int  # lines per block
+    size: int
+    sha256: str
+
+    def blocks(self) -> Iterator[Block]:
+        for k in range(len(self.starts) - 1):
+            first = k * self.block
+            yield Block(self.path, self.sep, first, min(self.block, self.lines - first), int(self.starts[k]),
+                        int(self.starts[k + 1]))
+
+
+@dataclass(frozen=True)
+class Block:
+    """Lines first .. first + lines - 1 of a file: its bytes start .. end - 1 (what a worker is sent)."""
+
+    path: Path
+    sep: bytes
+    first: int
+    lines: int
+    start: int
+    end: int
+
+
+def index_lines(path: str | Path, block: int, chunk_bytes: int = 1 << 22, also: Any = None) -> LineIndex:
+    """One pass over a file in bounded memory: its lines counted, checked as strict UTF-8 (an error names the
+    line), its sha256, and the byte offset of every `block`-th line. The line ending is decided from the
+    first STREAM_BYTES, as `stream_lines` does. `also`: a hashlib object the bytes are fed to as well."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    starts: list[np.ndarray] = [np.zeros(1, np.int64)]
+    lines, base, carry = 0, 0, b""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(STREAM_BYTES)
+            sep = b"\n" if b"\n" in head or b"\r" not in head else b"\r"
+            f.seek(0)
+            while True:
+                chunk = f.read(chunk_bytes)
+                digest.update(chunk)
+                if also is not None:
+                    also.update(chunk)
+                data = carry + chunk
+                end = data.rfind(sep) + 1 if chunk else len(data)  # whole lines only, until the end
+                whole, carry = data[:end], data[end:]
+                try:
+                    whole.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise invalid_utf8(str(path), lines + whole.count(sep, 0, e.start) + 1, whole[e.start]) from None
+                for at in range(0, len(whole), 1 << 18):  # counted a piece at a time; located only where a block starts
+                    piece = whole[at : at + (1 << 18)]
+                    count = piece.count(sep)
+                    if (lines + count) // block > lines // block:
+                        ends = np.flatnonzero(np.frombuffer(piece, np.uint8) == sep[0]) + base + at + 1  # next lines
+                        numbers = np.arange(lines + 1, lines + 1 + count)
+                        starts.append(ends[numbers % block == 0])
+                    lines += count
+                base += len(whole)
+                if not chunk:
+                    break
+    except OSError as e:
+        raise read_error(e, path) from None
+    if whole and not (base == len(BOM.encode()) and whole == BOM.encode()):  # the last line has no line ending
+        lines += 1
+    offsets = np.concatenate(starts)
+    offsets = np.append(offsets[offsets < base] if lines else offsets[:0], base)
+    return LineIndex(path, lines, sep, offsets.astype(np.int64), block, base, digest.hexdigest())
+
+
+def read_block(block: Block) -> list[str]:
+    """The lines of a block (from `LineIndex.blocks`): those `stream_lines` gives there."""
+    name = str(block.path)
+    try:
+        with open(block.path, "rb") as f:
+            f.seek(block.start)
+            data = f.read(block.end - block.start)
+    except OSError as e:
+        raise read_error(e, name) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise invalid_utf8(name, block.first + data.count(block.sep, 0, e.start) + 1, data[e.start]) from None
+    if block.start == 0:
+        text = text.removeprefix(BOM)
+    sep = block.sep.decode()
+    lines = text.removesuffix(sep).split(sep) if text else []
+    if block.sep == b"\n":
+        lines = [line.removesuffix("\r") for line in lines]
+    if len(data) != block.end - block.start or len(lines) != block.lines:
+        raise UserError(f"{name} changed while it was being read; run the command again")
+    return lines
+
+
+# ----------------------------------------------------------------------------- documents
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
+_ABBREVIATIONS = {"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "vs.", "etc.", "e.g.", "i.e.", "jr.", "sr.", "no.",
+                  "fig.", "inc.", "ltd.", "co.", "u.s.", "a.m.", "p.m."}
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Rule-based splitter: break after . ! ? before a capital or digit, except after common abbreviations
+    and single-letter initials."""
+    pieces, start = [], 0
+    for match in _SENTENCE_END.finditer(paragraph):
+        candidate = paragraph[start : match.start()].rstrip()
+        last_word = candidate.split()[-1].lower() if candidate.split() else ""
+        if last_word in _ABBREVIATIONS or re.fullmatch(r"[a-z]\.", last_word):
+            continue
+        pieces.append(paragraph[start : match.end()].strip())
+        start = match.end()
+    pieces.append(paragraph[start:].strip())
+    return [p for p in pieces if p]
+
+
+def heading_level(text: str) -> int:
+    """WikiText headings: `= Title =` is level 1, `= = Section = =` level 2, ...; other lines 0."""
+    words = text.split()
+    if len(words) < 3 or words[0] != "=" or words[-1] != "=":
+        return 0
+    level = 0
+    while level < len(words) and words[level] == "=":
+        level += 1
+    return level if level < len(words) else 0

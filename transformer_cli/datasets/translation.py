@@ -6,7 +6,6 @@ fed as [BOS] y (decoder input) and scored against y [EOS] (labels).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ from torch import Tensor
 
 from transformer_cli.datasets import shards
 from transformer_cli.datasets.shards import Manifest, flatten, ranges
-from transformer_cli.datasets.text import read_lines, stream_lines
+from transformer_cli.datasets.text import LineIndex, index_lines, read_lines
 from transformer_cli.errors import UserError
 from transformer_cli.vocab import BOS_ID, EOS_ID, Vocab
 from transformer_cli.vocab import PAD_ID as PAD
@@ -126,34 +125,56 @@ def token_batches(src_lens: Sequence[int] | np.ndarray, tgt_lens: Sequence[int] 
     """Group sentence indices into batches of at most `max_tokens` padded tokens per side.
 
     A sentence pair's width is its longer side plus EOS (source) or BOS/EOS (target), padded up to a multiple
-    of `multiple` (see `collate`). Sentences are sorted by width (ties in a random order drawn from seed and
-    epoch), so that a batch holds sentences of similar length and padding stays low, and cut greedily into
-    batches of n sentences with n * width <= max_tokens; the batch order is then shuffled. Vectorised over
-    the corpus: only the cut points are found batch by batch. The result depends only on (lengths,
-    max_tokens, seed, epoch, multiple): this is what makes resume exact.
+    of `multiple` (see `collate`). Sentences are sorted by width, then target and source length (ties in a
+    random order drawn from seed and epoch), so that a batch holds sentences of similar length and padding
+    stays low, and cut greedily into batches of n sentences with n * width <= max_tokens; the batch order is
+    then shuffled. Vectorised over the corpus, with 32-bit arrays where they suffice (a corpus of 4.5M pairs
+    needs about 70 MB at the peak): only the cut points are found batch by batch. The result depends only on
+    (lengths, max_tokens, seed, epoch, multiple): this is what makes resume exact.
     """
-    src = np.asarray(src_lens, dtype=np.int64)
-    tgt = np.asarray(tgt_lens, dtype=np.int64)
+    src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)  # (n,) each, any integer type: no 64-bit copies
     n = len(src)
     rng = np.random.default_rng([seed, epoch])
-    width = -(-(np.maximum(src, tgt) + 1) // multiple) * multiple  # (n,)
-    order = rng.permutation(n) if shuffle else np.arange(n)
+    width = np.maximum(src, tgt).astype(np.int32)  # (n,)
+    width += multiple  # + 1 for EOS/BOS, rounded up to a multiple: (w + 1 + multiple - 1) // multiple * multiple
+    width //= multiple
+    width *= multiple
+    order = np.arange(n, dtype=np.int32 if n < 1 << 31 else np.int64)
+    if shuffle:
+        rng.shuffle(order)
     span = int(max(src.max(initial=0), tgt.max(initial=0))) + 2
-    key = (width[order] * span + tgt[order]) * span + src[order]  # width, then target, then source length
-    order = order[np.argsort(key, kind="stable")]
-    width = width[order]
+    key = width[order].astype(np.uint64)  # (n,) width, then target, then source length, as one number
+    key *= span
+    key += tgt[order].astype(np.uint64)
+    key *= span
+    key += src[order].astype(np.uint64)
+    del width
+    if int(key.max(initial=0)) < 1 << 32 and n < 1 << 32:
+        # A stable sort without a 64-bit index array: the position in the low 32 bits makes every key unique,
+        # so an in-place sort of the packed keys orders ties as a stable sort would.
+        key <<= 32
+        for start in range(0, n, 1 << 20):
+            key[start : start + (1 << 20)] |= np.arange(start, min(start + (1 << 20), n), dtype=np.uint64)
+        key.sort()
+        order = order[key & 0xFFFFFFFF]
+        key >>= 32
+    else:
+        rows = np.argsort(key, kind="stable")
+        order, key = order[rows], key[rows]
+    width = (key // (span * span)).astype(np.int32)  # (n,) in the sorted order
+    del key
     cuts = [0]
     while cuts[-1] < n:
         s = cuts[-1]
         window = width[s : s + max_tokens // int(width[s]) + 1]  # no batch from s holds more sentences
         cost = np.arange(1, len(window) + 1) * window  # (k,) padded tokens of the first k sentences: increasing
         cuts.append(s + max(1, int(np.searchsorted(cost, max_tokens, side="right"))))
+    del width
     bounds = np.asarray(cuts, dtype=np.int64)
     if shuffle:
         perm = rng.permutation(len(bounds) - 1)
-        sizes = np.diff(bounds)[perm]
-        order = order[ranges(bounds[:-1][perm], sizes)]
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        order = np.concatenate([order[bounds[j] : bounds[j + 1]] for j in perm] or [order[:0]])
+        bounds = np.concatenate([[0], np.cumsum(np.diff(bounds)[perm])])
     return BatchPlan(order, bounds)
 
 
@@ -245,19 +266,13 @@ class ShardedPairs:
 
     def __init__(self, manifest: Manifest, split: str):
         self.src, self.tgt = manifest.array(split, "src"), manifest.array(split, "tgt")
-        self.src_lens, self.tgt_lens = self.src.lengths(), self.tgt.lengths()
-        self._reads = 0
+        self.src_lens, self.tgt_lens = self.src.lengths(), self.tgt.lengths()  # (n,) uint16 (or int32) each
 
     def __len__(self) -> int:
         return len(self.src_lens)
 
     def batch(self, rows: np.ndarray, multiple: int = 1) -> Batch:
-        out = make_batch(*self.src.gather(rows), *self.tgt.gather(rows), PAD, BOS_ID, EOS_ID, multiple)
-        self._reads += 1
-        if self._reads % 4 == 0:  # keep only the pages of recent batches mapped (see TokenArray.release)
-            self.src.release()
-            self.tgt.release()
-        return out
+        return make_batch(*self.src.gather(rows), *self.tgt.gather(rows), PAD, BOS_ID, EOS_ID, multiple)
 
     def load(self, max_len: int | None = None) -> ParallelData:
         """The split as in-memory token lists (for validation and test sets), without pairs longer than max_len;
@@ -265,7 +280,11 @@ class ShardedPairs:
         keep = np.arange(len(self))
         if max_len is not None:
             keep = keep[(self.src_lens <= max_len) & (self.tgt_lens <= max_len)]
-        data = ParallelData([self.src.sentence(i) for i in keep], [self.tgt.sentence(i) for i in keep], [], [])
+        sides = []
+        for array in (self.src, self.tgt):
+            flat, lengths = array.gather(keep)
+            sides.append([ids.tolist() for ids in np.split(flat, np.cumsum(lengths)[:-1])] if len(keep) else [])
+        data = ParallelData(*sides, [], [])
         data.references_file, data.reference_rows = self.src.path.with_name(
             self.src.path.name.replace(".src.bin", ".ref")), keep
         return data
@@ -286,61 +305,38 @@ class SplitFiles:
     references: bool
 
 
-def aligned_blocks(src_path: Path, tgt_path: Path,
-                   n: int = shards.BLOCK_LINES) -> Iterator[tuple[list[str], list[str]]]:
-    """Blocks of n line pairs read from both files as streams; a line-count mismatch names both files and both
-    counts (found when the shorter file ends)."""
-    src, tgt = shards.lines_of(stream_lines(src_path)), shards.lines_of(stream_lines(tgt_path))
-    seen = 0
-    while True:
-        a, b = list(itertools.islice(src, n)), list(itertools.islice(tgt, n))
-        if len(a) != len(b):
-            na, nb = seen + len(a) + sum(1 for _ in src), seen + len(b) + sum(1 for _ in tgt)
-            raise UserError(f"line counts differ: {src_path} has {na} lines, {tgt_path} has {nb}; "
-                            "the files must be aligned line by line")
-        if not a:
-            if not seen:
-                raise UserError(f"{src_path} and {tgt_path} are empty")
-            return
-        seen += len(a)
-        yield a, b
-
-
-def _encode_block(task: tuple[list[str], list[str], int | None, bool, str]) -> dict[str, Any]:
-    """Worker: tokenise a block of pairs, drop pairs with an empty side or a side over max_len."""
-    src_lines, tgt_lines, max_len, references, dtype = task
-    src_sp, tgt_sp = shards._MODELS[0], shards._MODELS[-1]
-    nonempty = [i for i, (s, t) in enumerate(zip(src_lines, tgt_lines)) if s.strip() and t.strip()]
-    src, src_lens = flatten(src_sp.encode([src_lines[i] for i in nonempty], num_threads=1))
-    tgt, tgt_lens = flatten(tgt_sp.encode([tgt_lines[i] for i in nonempty], num_threads=1))
-    keep = np.ones(len(nonempty), dtype=bool)
-    if max_len is not None:
-        keep = (src_lens <= max_len) & (tgt_lens <= max_len)
-    if not keep.all():
-        src, tgt = src[np.repeat(keep, src_lens)], tgt[np.repeat(keep, tgt_lens)]
-        src_lens, tgt_lens = src_lens[keep], tgt_lens[keep]
-    refs = [tgt_lines[nonempty[i]] for i in np.flatnonzero(keep)] if references else None
-    return {"src": src.astype(dtype), "src_lens": src_lens, "tgt": tgt.astype(dtype), "tgt_lens": tgt_lens,
-            "lines": len(src_lines), "empty": len(src_lines) - len(nonempty), "long": int((~keep).sum()),
-            "refs": refs}
+def index_pair(src_path: Path, tgt_path: Path, block: int = shards.BLOCK_LINES,
+               also: Any = None) -> tuple[LineIndex, LineIndex]:
+    """Both files of a split indexed in blocks of lines (one read of each: UTF-8 checked, lines counted); a
+    line-count mismatch names both files and both counts. `also`: a hashlib object fed both files' bytes."""
+    src, tgt = index_lines(src_path, block, also=also), index_lines(tgt_path, block, also=also)
+    if src.lines != tgt.lines:
+        raise UserError(f"line counts differ: {src_path} has {src.lines} lines, {tgt_path} has {tgt.lines}; "
+                        "the files must be aligned line by line")
+    if not src.lines:
+        raise UserError(f"{src_path} and {tgt_path} are empty")
+    return src, tgt
 
 
 def preprocess_parallel(folder: Path, splits: list[SplitFiles], vocabs: tuple[Vocab, Vocab], quiet: bool,
-                        workers: int | None = None) -> dict[str, dict[str, Any]]:
+                        workers: int | None = None,
+                        indexes: dict[str, tuple[LineIndex, LineIndex]] | None = None) -> dict[str, dict[str, Any]]:
     """Tokenise every split into `folder` ({split}.src/.tgt arrays, {split}.ref text); returns each split's
-    counts and file sizes for the manifest. Blocks are tokenised in worker processes, in order."""
+    counts and file sizes for the manifest. Worker processes read and tokenise blocks of lines, in order;
+    `indexes` (by split name, from `index_pair`) saves reading the files once more to find the blocks."""
     dtype = shards.token_dtype(max(len(v) for v in vocabs))
     models = [vocabs[0].model_bytes] + ([vocabs[1].model_bytes] if vocabs[1] is not vocabs[0] else [])
-    workers = shards.choose_workers([p for s in splits for p in (s.src, s.tgt)], workers)
+    indexes = {s.name: (indexes or {}).get(s.name) or index_pair(s.src, s.tgt) for s in splits}
+    workers = shards.choose_workers([i.size for pair in indexes.values() for i in pair], workers)
     out: dict[str, dict[str, Any]] = {}
-    with shards.progress("preprocess", quiet) as bar:
+    with shards.progress("preprocess", quiet) as bar, shards.Workers(models, workers) as pool:
         for split in splits:
             writers = {side: shards.ArrayWriter(folder, f"{split.name}.{side}", dtype) for side in ("src", "tgt")}
             refs = open(folder / f"{split.name}.ref", "w", encoding="utf-8") if split.references else None
             counts = {"lines": 0, "empty": 0, "long": 0}
-            blocks = aligned_blocks(split.src, split.tgt)
-            tasks = ((a, b, split.max_len, split.references, dtype.str) for a, b in blocks)
-            for block in shards.ordered_map(_encode_block, tasks, models, workers):
+            src, tgt = indexes[split.name]
+            tasks = ((a, b, split.max_len, split.references, dtype.str) for a, b in zip(src.blocks(), tgt.blocks()))
+            for block in pool.map(shards.encode_pairs, tasks):
                 for side in ("src", "tgt"):
                     writers[side].add(block[side], block[f"{side}_lens"])
                 if refs is not None:

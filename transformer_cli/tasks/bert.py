@@ -28,19 +28,18 @@ from transformer_cli.datasets.bert import (
     split_sentences,
 )
 from transformer_cli.datasets.shards import (
+    BLOCK_LINES,
     Manifest,
-    describe_file,
     document_starts,
     lines_of,
     preprocess_documents,
-    read_manifest,
     reservoir,
 )
-from transformer_cli.datasets.text import fingerprint, stream_lines
+from transformer_cli.datasets.text import LineIndex, fingerprint, index_lines, stream_lines
 from transformer_cli.errors import UserError
 from transformer_cli.models.builders import build_bert
 from transformer_cli.params import bert_formula
-from transformer_cli.run import check_preprocessed, run_training, say, vocab_settings
+from transformer_cli.run import SetupBase, run_training, say, vocab_settings
 from transformer_cli.scoring import bert_special_ids, bert_validation, held_out_instances
 from transformer_cli.train.runtime import Runtime
 from transformer_cli.vocab import Vocab, load_model_file, train_vocab
@@ -75,7 +74,6 @@ class BertTask:
         self.sample_map = sample_map_cached(cache, self.train.offsets, self.doc_starts, d.max_seq_len,
                                             d.short_seq_prob, cfg.train.seed)
         self._plan: tuple[int, EpochPlan] | None = None
-        self._reads = 0
         valid = data.array("valid", "text")
         starts = document_starts(data.folder, "valid").tolist()
         docs = [[valid.sentence(i) for i in range(a, b)] for a, b in zip(starts, starts[1:])]
@@ -90,6 +88,7 @@ class BertTask:
             d = self.cfg.data
             plan = plan_epoch(self.sample_map, self.train.offsets, self.doc_starts, d.max_seq_len,
                               self.cfg.train.batch_size, self.cfg.train.seed, epoch)
+            self.train.release()  # planning read the whole index through its mapping
             self._plan = (epoch, plan)
         return self._plan[1]
 
@@ -97,11 +96,9 @@ class BertTask:
         plan = self.epoch_batches(epoch)
         generator = torch.Generator().manual_seed(self._seed(2, epoch, spec.number))
         d = self.cfg.data
-        batch = make_plan_batch(plan, spec, self.train.tokens, self.train.offsets, self.ids, d.mask_prob,
+        batch = make_plan_batch(plan, spec, self.train.spans, self.train.offsets, self.ids, d.mask_prob,
                                 d.max_predictions, generator, multiple=self.cfg.train.pad_to_multiple)
-        self._reads += 1
-        if self._reads % 4 == 0:  # keep only the pages of recent batches mapped (see TokenArray.release)
-            self.train.release()
+        self.train.release()  # the index pages this batch mapped (its tokens were read with pread)
         return batch
 
     def step_loss(self, model: nn.Module, batch: BertBatch, norms: dict[str, int]) -> tuple[Tensor, dict]:
@@ -128,20 +125,20 @@ class BertTask:
                 "data_fingerprint": self.data_fingerprint}
 
 
-class BertSetup:
+class BertSetup(SetupBase):
     """What the shared run lifecycle (run.py) needs to know about BERT pretraining."""
 
     kind = "bert"
 
     def __init__(self, cfg: BertRunConfig, init_from_hf: Path | None = None):
+        super().__init__()
         self.cfg, self.init_from_hf = cfg, init_from_hf
         d = cfg.data
         self.paths = {name: Path(d.dir) / getattr(d, name) for name in ("train", "valid")}
         self.hf_weights, self.hf_vocab = None, None
         self._fingerprint: str | None = None
-        self._sources: dict[str, Any] | None = None
-        self._manifest: Manifest | None = None
         self.given_vocab: Vocab | None = None  # vocab.model, read by read_data
+        self._indexes: dict[str, LineIndex] = {}  # the text files' blocks, found by read_data
 
     def read_data(self) -> None:
         """The text files are read through once before anything is written: a missing file, invalid UTF-8 or
@@ -150,29 +147,23 @@ class BertSetup:
             self.given_vocab = load_model_file(self.cfg.vocab.model)
             check_bert_vocab(self.given_vocab, f"vocab.model {self.cfg.vocab.model}")
         if self.preprocessed() is None:
+            self._indexes = {name: index_lines(path, BLOCK_LINES) for name, path in self.paths.items()}
             for path in self.paths.values():
                 documents, longest = document_counts(path, self.cfg.data)
                 check_document_counts(documents, longest, str(path), self.cfg.data.format)
+            self._fingerprint = self._indexes["train"].sha256  # text.fingerprint of the training file
+            self._read = {i.path: {"size": i.size, "sha256": i.sha256} for i in self._indexes.values()}
         if self.init_from_hf is not None:
             from transformer_cli.hf import load_hf_bert
 
             self.hf_weights, self.hf_vocab = load_hf_bert(self.init_from_hf, self.cfg.model)
 
-    def preprocessed(self) -> Manifest | None:
-        d = self.cfg.data
-        if d.preprocessed is not None and self._manifest is None:
-            self._manifest = read_manifest(Path(d.preprocessed), self.kind)
-            check_preprocessed(self._manifest, self.data_settings(), self.cfg.vocab)
-        return self._manifest
-
     def data_settings(self) -> dict[str, Any]:
         d = self.cfg.data
         return {"train": d.train, "valid": d.valid, "format": d.format, "split_sentences": d.split_sentences}
 
-    def sources(self) -> dict[str, Any]:
-        if self._sources is None:
-            self._sources = {path.name: describe_file(path) for path in self.paths.values()}
-        return self._sources
+    def source_files(self) -> list[Path]:
+        return list(self.paths.values())
 
     def data_fingerprint(self) -> str:
         if self._fingerprint is None:
@@ -219,7 +210,7 @@ class BertSetup:
 
     def write_shards(self, folder: Path, vocabs: list[Vocab], quiet: bool) -> dict[str, Any]:
         d = self.cfg.data
-        splits = {"train": self.paths["train"], "valid": self.paths["valid"]}
+        splits = {name: self._indexes.get(name) or index_lines(path, BLOCK_LINES) for name, path in self.paths.items()}
         return preprocess_documents(folder, splits, vocabs[0], d.format, d.split_sentences, quiet)
 
     def make_task(self, vocabs: list[Vocab], data: Manifest, quiet: bool) -> BertTask:

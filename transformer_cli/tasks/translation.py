@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 from pathlib import Path
@@ -13,23 +14,23 @@ from torch import Tensor, nn
 
 from transformer_cli.checkpoint import Checkpoint, read_checkpoint
 from transformer_cli.config import TranslationRunConfig
-from transformer_cli.datasets.shards import Manifest, describe_file, lines_of, read_manifest, reservoir
-from transformer_cli.datasets.text import count_lines, fingerprint, stream_lines
+from transformer_cli.datasets.shards import Manifest, lines_of, reservoir
+from transformer_cli.datasets.text import LineIndex, fingerprint, stream_lines
 from transformer_cli.datasets.translation import (
     Batch,
     BatchPlan,
     ParallelData,
     ShardedPairs,
     SplitFiles,
+    index_pair,
     preprocess_parallel,
     split_paths,
     token_batches,
 )
-from transformer_cli.errors import UserError
 from transformer_cli.evaluate import translation_scores
 from transformer_cli.models.builders import build_transformer
 from transformer_cli.params import transformer_formula
-from transformer_cli.run import check_preprocessed, run_training, say, vocab_settings
+from transformer_cli.run import SetupBase, run_training, say, vocab_settings
 from transformer_cli.scoring import eval_decode_options, translate_texts, translation_validation
 from transformer_cli.train.runtime import Runtime
 from transformer_cli.vocab import Vocab, check_translation_vocab, load_model_file, train_vocab
@@ -95,17 +96,17 @@ class TranslationTask:
         return {"config": self.cfg.model_dump(mode="json"), "vocab": vocab, "data_fingerprint": self.data_fingerprint}
 
 
-class TranslationSetup:
+class TranslationSetup(SetupBase):
     """What the shared run lifecycle (run.py) needs to know about translation."""
 
     kind = "translation"
 
     def __init__(self, cfg: TranslationRunConfig):
+        super().__init__()
         self.cfg = cfg
         self._fingerprint: str | None = None
-        self._sources: dict[str, Any] | None = None
-        self._manifest: Manifest | None = None
         self.given_vocab: Vocab | None = None  # vocab.model, read by read_data
+        self._indexes: dict[str, tuple[LineIndex, LineIndex]] = {}  # the text files' blocks, found by read_data
 
     def split_files(self) -> list[SplitFiles]:
         """The splits to tokenise: training pairs over data.max_len are dropped; validation and test keep every
@@ -123,30 +124,19 @@ class TranslationSetup:
             check_translation_vocab(self.given_vocab, f"vocab.model {self.cfg.vocab.model}")
         if self.preprocessed() is not None:
             return
-        for split in self.split_files():
-            n_src, n_tgt = count_lines(split.src), count_lines(split.tgt)
-            if n_src != n_tgt:
-                raise UserError(f"line counts differ: {split.src} has {n_src} lines, {split.tgt} has {n_tgt}; "
-                                "the files must be aligned line by line")
-            if not n_src:
-                raise UserError(f"{split.src} and {split.tgt} are empty")
-
-    def preprocessed(self) -> Manifest | None:
-        d = self.cfg.data
-        if d.preprocessed is not None and self._manifest is None:
-            self._manifest = read_manifest(Path(d.preprocessed), self.kind)
-            check_preprocessed(self._manifest, self.data_settings(), self.cfg.vocab)
-        return self._manifest
+        train = hashlib.sha256()  # the data fingerprint (text.fingerprint of the training files), in the same read
+        self._indexes = {split.name: index_pair(split.src, split.tgt, also=train if split.name == self.cfg.data.train
+                                                else None) for split in self.split_files()}
+        self._fingerprint = train.hexdigest()
+        self._read = {i.path: {"size": i.size, "sha256": i.sha256} for pair in self._indexes.values() for i in pair}
 
     def data_settings(self) -> dict[str, Any]:
         d = self.cfg.data
         return {"src_lang": d.src_lang, "tgt_lang": d.tgt_lang, "train": d.train, "valid": d.valid, "test": d.test,
                 "max_len": d.max_len}
 
-    def sources(self) -> dict[str, Any]:
-        if self._sources is None:
-            self._sources = {p.name: describe_file(p) for s in self.split_files() for p in (s.src, s.tgt)}
-        return self._sources
+    def source_files(self) -> list[Path]:
+        return [p for s in self.split_files() for p in (s.src, s.tgt)]
 
     def data_fingerprint(self) -> str:
         if self._fingerprint is None:
@@ -191,7 +181,7 @@ class TranslationSetup:
 
     def write_shards(self, folder: Path, vocabs: list[Vocab], quiet: bool) -> dict[str, Any]:
         pair = (vocabs[0], vocabs[0]) if self.cfg.vocab.joint else (vocabs[0], vocabs[1])
-        return preprocess_parallel(folder, self.split_files(), pair, quiet)
+        return preprocess_parallel(folder, self.split_files(), pair, quiet, indexes=self._indexes)
 
     def make_task(self, vocabs: list[Vocab], data: Manifest, quiet: bool) -> TranslationTask:
         cfg, d = self.cfg, self.cfg.data
