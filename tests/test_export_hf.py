@@ -36,7 +36,7 @@ def wikitext_lines() -> list[str]:
 def bert_vocab(vocab_type: str) -> Vocab:
     """A small BERT vocabulary trained by tcli's own function on WikiText-2 valid; a character coverage under
     1 leaves rare characters out, so the corpus holds unknowns."""
-    from transformer_cli.tasks.bert import train_bert_vocab
+    from transformer_cli.tasks.bert_setup import train_bert_vocab
 
     cfg = build_config(BertRunConfig, {"vocab": {"size": 800, "type": vocab_type, "character_coverage": 0.9995},
                                        "train": {"max_steps": 1}}, "test")

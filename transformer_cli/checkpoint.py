@@ -8,9 +8,7 @@ and weights are checked before any model is built. Nothing here imports the trai
 
 from __future__ import annotations
 
-import errno
 import io
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,16 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config
+from transformer_cli.config import SCHEMAS, BertRunConfig, TranslationRunConfig, build_config  # noqa: F401
 from transformer_cli.errors import UserError
-from transformer_cli.vocab import Vocab
-
-SCHEMAS: dict[str, type[TranslationRunConfig] | type[BertRunConfig]] = {
-    "translation": TranslationRunConfig,
-    "bert": BertRunConfig,
-}
-BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in every tcli BERT vocabulary
-
+from transformer_cli.files import remove_stale_temporaries, write_atomic, write_error  # noqa: F401 (used from here)
+from transformer_cli.vocab import BERT_SPECIALS, Vocab, check_bert_vocab  # noqa: F401 (used from here)
 
 # ----------------------------------------------------------------------------- writing
 
@@ -36,52 +28,6 @@ def serialize(state: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
-
-
-def write_atomic(data: bytes, path: Path) -> None:
-    """Temporary file, fsync, rename: a kill at any moment leaves the old file or the new one, never half.
-
-    A failed write (a full disk) removes its temporary file, leaves the old file as it was, and is a
-    one-line error that says what to do.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise write_error(e, path) from None
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def write_error(e: OSError, path: Path) -> UserError:
-    """A failed write as one line; a full disk says that nothing saved before was lost."""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return UserError(f"no space left on the device while writing {path}; files saved before are intact: "
-                         "free some space and run the command again (a training run: add --resume auto)")
-    return UserError(f"cannot write {path}: {e.strerror or e}")
-
-
-def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Delete `.NAME.tmpPID` files that a killed writer left behind; only call this while holding the
-    folder's lock (no live writer can own them)."""
-    removed = []
-    if folder.is_dir():
-        for tmp in folder.glob(".*.tmp*"):
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
-    return removed
 
 
 # ----------------------------------------------------------------------------- reading
@@ -201,10 +147,3 @@ def _vocabs(vocab: Any, kind: str, cfg: Any, path: Path) -> tuple[Vocab, ...]:
         check_bert_vocab(loaded[0], str(path))
         return (loaded[0],)
     return (loaded[0], loaded[0]) if cfg.vocab.joint else (loaded[0], loaded[1])
-
-
-def check_bert_vocab(vocab: Vocab, source: str) -> None:
-    ids = [vocab.piece_to_id(p) for p in BERT_SPECIALS]
-    if ids != list(range(len(BERT_SPECIALS))):
-        raise UserError(f"{source}: the vocabulary does not hold {', '.join(BERT_SPECIALS)} at ids 0-4; "
-                        "it is not a BERT vocabulary")

@@ -118,14 +118,14 @@ def preprocess(config: ConfigOpt, out: Annotated[Path, typer.Option("--out", hel
                set_: SetOpt = None, force: Annotated[bool, typer.Option(
                    "--force", help="replace another preprocessing in --out")] = False, quiet: QuietOpt = False) -> None:
     """Tokenise a config's data once into memory-mapped arrays (translation or BERT config)."""
-    from transformer_cli.params import file_config
+    from transformer_cli.config import file_config
     from transformer_cli.run import run_preprocess
 
     cfg = file_config(config, set_)
     if type(cfg).__name__ == "BertRunConfig":
-        from transformer_cli.tasks.bert import BertSetup as Setup
+        from transformer_cli.tasks.bert_setup import BertSetup as Setup
     else:
-        from transformer_cli.tasks.translation import TranslationSetup as Setup
+        from transformer_cli.tasks.translation_setup import TranslationSetup as Setup
     manifest = run_preprocess(Setup(cfg), out, force, quiet)
     if not quiet:
         print(f"preprocessed data in {manifest.folder}: train with --set data.preprocessed={manifest.folder}",

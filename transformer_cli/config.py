@@ -425,3 +425,27 @@ class BertRunConfig(Section):
                              f"({d.max_seq_len}) to {padded} positions, more than model.max_positions "
                              f"({m.max_positions}); use a smaller pad_to_multiple")
         _check_train(self.train)
+
+
+# ----------------------------------------------------------------------------- config files of either kind
+
+SCHEMAS: dict[str, type[TranslationRunConfig] | type[BertRunConfig]] = {
+    "translation": TranslationRunConfig,
+    "bert": BertRunConfig,
+}
+
+
+def config_kind(raw: dict[str, Any]) -> str:
+    """'bert' when a section holds a key only BERT configs have, else 'translation'."""
+
+    def keys(section: str) -> set[str]:
+        value = raw.get(section)
+        return set(value) if isinstance(value, dict) else set()
+
+    bert = "layers" in keys("model") or {"format", "max_seq_len"} & keys("data") or "batch_size" in keys("train")
+    return "bert" if bert else "translation"
+
+
+def file_config(path: Path, overrides: list[str] | None = None) -> TranslationRunConfig | BertRunConfig:
+    """A translation or BERT YAML config (kind detected from its keys) with `--set` overrides."""
+    return load_config(SCHEMAS[config_kind(read_yaml(path))], path, overrides)

@@ -18,14 +18,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformer_cli.checkpoint import SCHEMAS, read_checkpoint
-from transformer_cli.config import (
+from transformer_cli.checkpoint import read_checkpoint
+from transformer_cli.config import (  # noqa: F401 (config_kind, file_config: used from here too)
+    SCHEMAS,
     BertModelConfig,
     BertRunConfig,
     TransformerConfig,
     TranslationRunConfig,
     _merge,
     build_config,
+    config_kind,
+    file_config,
     load_config,
     parse_overrides,
     read_yaml,
@@ -65,22 +68,6 @@ def preset_config(name: str, overrides: list[str] | None = None) -> RunConfig:
         raw = _merge(raw, parse_overrides(overrides))
         source += " with --set " + " ".join(overrides)
     return build_config(SCHEMAS[kind], raw, source)
-
-
-def config_kind(raw: dict[str, Any]) -> str:
-    """'bert' when a section holds a key only BERT configs have, else 'translation'."""
-
-    def keys(section: str) -> set[str]:
-        value = raw.get(section)
-        return set(value) if isinstance(value, dict) else set()
-
-    bert = "layers" in keys("model") or {"format", "max_seq_len"} & keys("data") or "batch_size" in keys("train")
-    return "bert" if bert else "translation"
-
-
-def file_config(path: Path, overrides: list[str] | None = None) -> RunConfig:
-    """A translation or BERT YAML config (kind detected from its keys) with `--set` overrides."""
-    return load_config(SCHEMAS[config_kind(read_yaml(path))], path, overrides)
 
 
 # ----------------------------------------------------------------------------- counting the model

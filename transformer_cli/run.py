@@ -15,15 +15,18 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from transformer_cli import __version__
-from transformer_cli.checkpoint import Checkpoint, read_checkpoint, remove_stale_temporaries, write_atomic
 from transformer_cli.config import VocabConfig, dump_config
 from transformer_cli.datasets import shards
 from transformer_cli.datasets.shards import Manifest, describe_file, read_manifest
 from transformer_cli.errors import UserError
+from transformer_cli.files import remove_stale_temporaries, write_atomic
 from transformer_cli.vocab import Vocab
+
+if TYPE_CHECKING:  # this module is imported by `tcli preprocess`, which never loads torch
+    from transformer_cli.checkpoint import Checkpoint
 
 MARKER = "run.json"  # names a tcli run directory: kind, version, status
 LOCK = ".lock"
@@ -114,6 +117,8 @@ class RunDirectory:
             raise UserError(f"--out {self.path} is not empty and is not a tcli run directory (it holds {shown}"
                             f"{', ...' if len(entries) > 3 else ''}); choose a new or empty directory")
         if legacy and (self.ckpt_dir / "last.pt").is_file():
+            from transformer_cli.checkpoint import read_checkpoint
+
             found = read_checkpoint(self.ckpt_dir / "last.pt").kind
             if found != self.kind:
                 raise UserError(f"{self.path} holds a {found} run, not a {self.kind} run; choose another --out")
@@ -371,6 +376,8 @@ def _checkpoint_to_resume(directory: RunDirectory, resume: bool, quiet: bool) ->
                             "or choose another --out")
         return None
     if last.is_file():
+        from transformer_cli.checkpoint import read_checkpoint
+
         return read_checkpoint(last, kind=directory.kind)
     if saved and directory.first_save_interrupted():
         say(quiet, f"the first checkpoint of {directory.path} was interrupted: starting the run over")

@@ -124,3 +124,13 @@ def check_translation_vocab(vocab: Vocab, source: str) -> None:
     if have != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
         raise UserError(f"{source} has pad/unk/bos/eos ids {'/'.join(map(str, have))}, tcli needs 0/1/2/3: train it "
                         "with spm_train --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3, or leave vocab.model unset")
+
+
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in every tcli BERT vocabulary
+
+
+def check_bert_vocab(vocab: Vocab, source: str) -> None:
+    ids = [vocab.piece_to_id(p) for p in BERT_SPECIALS]
+    if ids != list(range(len(BERT_SPECIALS))):
+        raise UserError(f"{source}: the vocabulary does not hold {', '.join(BERT_SPECIALS)} at ids 0-4; "
+                        "it is not a BERT vocabulary")

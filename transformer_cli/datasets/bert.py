@@ -25,10 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transformer_cli.checkpoint import write_atomic
 from transformer_cli.datasets.shards import ranges
-from transformer_cli.datasets.text import heading_level, read_lines, split_sentences
-from transformer_cli.errors import UserError
+from transformer_cli.datasets.text import check_document_counts, heading_level, read_lines, split_sentences
+from transformer_cli.files import write_atomic
 from transformer_cli.models.losses import IGNORE
 
 IS_NEXT, NOT_NEXT = 0, 1
@@ -82,20 +81,6 @@ class Instance:
 def check_corpus(docs: list[list[list[int]]], name: str, fmt: str = "text") -> None:
     """At least two documents, one of them with two sentences; the advice depends on data.format."""
     check_document_counts(len(docs), max(map(len, docs), default=0), name, fmt)
-
-
-def check_document_counts(documents: int, longest: int, name: str, fmt: str = "text") -> None:
-    """check_corpus from the counts: `documents` documents, the longest with `longest` sentences."""
-    if not documents:
-        raise UserError(f"{name} holds no text: BERT pretraining needs documents separated by blank lines")
-    if documents < 2:
-        how = ("no ' = Title = ' line starts a second document; plain text with blank lines between documents "
-               "needs data.format: text" if fmt == "wikitext"
-               else "separate documents with a blank line, or use data.format: wikitext for WikiText files")
-        raise UserError(f"{name} holds a single document; next sentence prediction needs at least two ({how})")
-    if longest < 2:
-        raise UserError(f"{name}: no document has two sentences, so there is no real next sentence "
-                        "(one sentence per line, or set data.split_sentences: true)")
 
 
 def make_instances(docs: list[list[list[int]]], max_seq_len: int, short_seq_prob: float,

@@ -34,7 +34,15 @@ from typing import Any
 
 import numpy as np
 
-from transformer_cli.datasets.text import Block, LineIndex, fingerprint, heading_level, read_block, split_sentences
+from transformer_cli.datasets.text import (
+    Block,
+    LineIndex,
+    check_document_counts,
+    fingerprint,
+    heading_level,
+    read_block,
+    split_sentences,
+)
 from transformer_cli.errors import UserError
 
 FORMAT = "tcli-shards/1"
@@ -364,7 +372,7 @@ def begin(folder: Path) -> None:
 
 
 def finish(folder: Path, manifest: dict[str, Any]) -> None:
-    from transformer_cli.checkpoint import write_atomic
+    from transformer_cli.files import write_atomic
 
     manifest = {"format": FORMAT, **manifest}
     write_atomic((json.dumps(manifest, indent=1) + "\n").encode(), folder / MANIFEST)
@@ -443,8 +451,6 @@ def preprocess_documents(folder: Path, splits: dict[str, LineIndex], vocab: Any,
     """Tokenise BERT text files into `folder`: {split}.text.bin/.idx (sentences) and {split}.docs (where the
     documents start); returns each split's counts and file sizes for the manifest. Worker processes read and
     tokenise the blocks of `splits` (from `index_lines`), in order."""
-    from transformer_cli.datasets.bert import check_document_counts
-
     dtype = token_dtype(len(vocab))
     workers = choose_workers([index.size for index in splits.values()], workers)
     out: dict[str, dict[str, Any]] = {}

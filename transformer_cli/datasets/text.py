@@ -371,3 +371,17 @@ def heading_level(text: str) -> int:
     while level < len(words) and words[level] == "=":
         level += 1
     return level if level < len(words) else 0
+
+
+def check_document_counts(documents: int, longest: int, name: str, fmt: str = "text") -> None:
+    """check_corpus from the counts: `documents` documents, the longest with `longest` sentences."""
+    if not documents:
+        raise UserError(f"{name} holds no text: BERT pretraining needs documents separated by blank lines")
+    if documents < 2:
+        how = ("no ' = Title = ' line starts a second document; plain text with blank lines between documents "
+               "needs data.format: text" if fmt == "wikitext"
+               else "separate documents with a blank line, or use data.format: wikitext for WikiText files")
+        raise UserError(f"{name} holds a single document; next sentence prediction needs at least two ({how})")
+    if longest < 2:
+        raise UserError(f"{name}: no document has two sentences, so there is no real next sentence "
+                        "(one sentence per line, or set data.split_sentences: true)")

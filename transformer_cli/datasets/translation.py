@@ -9,11 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from transformer_cli.datasets import shards
 from transformer_cli.datasets.shards import Manifest, flatten, ranges
@@ -21,6 +19,10 @@ from transformer_cli.datasets.text import LineIndex, index_lines, read_lines
 from transformer_cli.errors import UserError
 from transformer_cli.vocab import BOS_ID, EOS_ID, Vocab
 from transformer_cli.vocab import PAD_ID as PAD
+
+if TYPE_CHECKING:  # torch is imported where a batch is built: preprocessing (`tcli preprocess`) never loads it
+    import torch
+    from torch import Tensor
 
 
 def split_paths(data_dir: str | Path, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
@@ -235,6 +237,8 @@ def padded(flat: np.ndarray, lengths: np.ndarray, pad_id: int, prefix: int | Non
         out[:, 0] = prefix
     if suffix is not None:
         out[np.arange(B), lengths + first] = suffix
+    import torch
+
     return torch.from_numpy(out)
 
 
