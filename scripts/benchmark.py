@@ -541,6 +541,9 @@ def bench_data_bert(work: Path, corpus: Path, a: argparse.Namespace) -> dict:
     return r
 
 
+QUICKSTART = tcli("train", "--config", "configs/quickstart.yaml", "--quiet")
+
+
 def bench_regression(work: Path, commit: str, rounds: int, steps: int) -> dict:
     """Translation training tgt tokens/s (nmt_train_args at the data section's size, Multi30k text as a user
     runs it) at `commit`,
@@ -553,6 +556,7 @@ def bench_regression(work: Path, commit: str, rounds: int, steps: int) -> dict:
         if not where.startswith(str(old)):
             raise SystemExit(f"the old tree's transformer_cli did not load (got {where})")
         tps: dict[str, list[float]] = {"old": [], "new": []}
+        quick: dict[str, list[float]] = {"old": [], "new": []}  # `tcli train --config configs/quickstart.yaml`
         for r in range(rounds):
             for side in ("old", "new") if r % 2 == 0 else ("new", "old"):
                 out = work / f"reg_{side}{r}"
@@ -560,11 +564,16 @@ def bench_regression(work: Path, commit: str, rounds: int, steps: int) -> dict:
                 run(tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", str(out)),
                     env=env, cwd=tree)
                 tps[side].append(steady(out, "tgt_tokens_per_sec"))
+                quick[side].append(timed(QUICKSTART + ["--out", str(work / f"quick_{side}{r}")], cwd=tree,
+                                         env=env)["wall_s"])
     finally:
         run(["git", "worktree", "remove", "--force", str(old)])
     return {"commit": commit, "old": tps["old"], "new": tps["new"], "steps": steps,
             "ratio": statistics.median(tps["new"]) / statistics.median(tps["old"]),
-            "command": tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", "RUN")}
+            "command": tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", "RUN"),
+            "quick_old": quick["old"], "quick_new": quick["new"],
+            "quick_ratio": statistics.median(quick["new"]) / statistics.median(quick["old"]),
+            "quick_command": QUICKSTART + ["--out", "RUN"]}
 
 
 def bench_data(work: Path, a: argparse.Namespace) -> dict:
@@ -664,6 +673,13 @@ def data_rows(r: dict, cite: Callable[[dict | list], str]) -> list[str]:
                 f"{g['commit']} against this tree, alternating | {statistics.median(g['old']):,.0f} → "
                 f"{statistics.median(g['new']):,.0f} = **{g['ratio']:.2f}×** (old {[round(v) for v in g['old']]}, new "
                 f"{[round(v) for v in g['new']]}) | {cite(g['command'])} | ≥ 0.95× | {regression} |")
+    spread = max(max(g[k]) / min(g[k]) for k in ("quick_old", "quick_new"))
+    noisy = f"not resolved: rounds of the same code differ by {spread:.1f}×" if spread > 1.2 else None
+    rows.append(f"| no regression: `tcli train --config configs/quickstart.yaml` wall time, commit {g['commit']} "
+                f"against this tree, alternating | {statistics.median(g['quick_old']):.0f} s → "
+                f"{statistics.median(g['quick_new']):.0f} s = **{g['quick_ratio']:.2f}×** (old "
+                f"{[round(v) for v in g['quick_old']]}, new {[round(v) for v in g['quick_new']]}) | "
+                f"{cite(g['quick_command'])} | ≤ 1.05× | {noisy or verdict(g['quick_ratio'] <= 1.05)} |")
     return rows
 
 
