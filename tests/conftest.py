@@ -30,7 +30,7 @@ def run_tcli(*args: str, cwd: Path | None = None, input: str | None = None, time
 KILLER = """
 import os, signal, sys
 from transformer_cli.train import loop, metrics
-from transformer_cli import checkpoint
+from transformer_cli import files
 MODE, KILL_STEP = sys.argv[1], int(sys.argv[2])
 die = lambda: os.kill(os.getpid(), signal.SIGKILL)
 original_step, original_replace, original_write = loop.Trainer.train_step, os.replace, loop.write_atomic
@@ -64,7 +64,7 @@ def evaluate_here(self):
     return original_evaluate(self)
 loop.Trainer.train_step, loop.write_atomic, loop.Trainer._evaluate_here = train_step, write_atomic, evaluate_here
 metrics.MetricsLog.log = log
-checkpoint.os.replace = replace
+files.os.replace = replace  # the rename inside write_atomic
 if MODE == "test":
     from transformer_cli.tasks import translation
     translation.TranslationTask.final_report = lambda *a, **k: die()
