@@ -42,22 +42,21 @@ def run_hf(config: Path, data_dir: Path, minutes: float, out: Path, vocab_path: 
     import transformers
 
     from transformer_cli.config import BertRunConfig, load_config
-    from transformer_cli.datasets.bert import read_documents
+    from transformer_cli.datasets.shards import read_manifest
     from transformer_cli.hf import hf_config
-    from transformer_cli.tasks.bert import BertTask, _encode_docs
+    from transformer_cli.tasks.bert import BertTask
     from transformer_cli.train.optim import lr_factor
     from transformer_cli.vocab import Vocab
 
     cfg = load_config(BertRunConfig, config, [f"data.dir={data_dir}", *COMMON])
     vocab = Vocab.load(vocab_path)  # the very vocabulary of our run
-    d, t = cfg.data, cfg.train
-    docs = {n: _encode_docs(vocab, read_documents(data_dir / getattr(d, n), d.format, d.split_sentences))
-            for n in ("train", "valid")}
+    data = read_manifest(vocab_path.parents[1] / "data", "bert")  # and the token arrays it tokenised
+    t = cfg.train
     torch.manual_seed(t.seed)
     random.seed(t.seed)
     hf_cfg = transformers.BertConfig(**hf_config(cfg.model, len(vocab)), attn_implementation="sdpa")
     model = transformers.BertForPreTraining(hf_cfg).train()
-    task = BertTask(cfg, vocab, docs["train"], docs["valid"], model, data_fingerprint="")
+    task = BertTask(cfg, vocab, data, model, data_fingerprint="")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
