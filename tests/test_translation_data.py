@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from transformer_cli.datasets.text import read_lines
@@ -53,8 +55,6 @@ def test_collate_shifts_target_and_pads():
 
 
 def lengths(n: int, seed: int = 0):
-    import random
-
     rng = random.Random(seed)
     src = [rng.randint(1, 40) for _ in range(n)]
     tgt = [max(1, s + rng.randint(-3, 5)) for s in src]
@@ -94,3 +94,19 @@ def test_bucketing_keeps_padding_low_on_multi30k():
         real += batch.tokens + batch.src_tokens
         padded += batch.labels.numel() + batch.src.numel()
     assert 1 - real / padded < 0.10
+
+
+@pytest.mark.parametrize("longest", [60, 3000])  # keys packed with positions in 64 bits, and the argsort path
+def test_token_batches_sort_by_width_then_target_then_source(longest):
+    rng = random.Random(longest)
+    src = [rng.randint(1, longest) for _ in range(500)]
+    tgt = [rng.randint(1, longest) for _ in range(500)]
+    width = [max(s, t) + 1 for s, t in zip(src, tgt)]
+    plan = token_batches(src, tgt, max_tokens=2 * longest, seed=1, epoch=0, shuffle=False)
+    expected = sorted(range(500), key=lambda i: (width[i], tgt[i], src[i]))  # a stable sort: ties keep the input order
+    assert plan.order.tolist() == expected
+    for batch in plan:
+        assert len(batch) * max(width[i] for i in batch) <= 2 * longest or len(batch) == 1
+    shuffled = token_batches(src, tgt, max_tokens=2 * longest, seed=1, epoch=0)
+    assert sorted(shuffled.order.tolist()) == list(range(500))
+    assert shuffled == token_batches(src, tgt, 2 * longest, 1, 0)
