@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_cli.checkpoint import read_checkpoint, serialize, write_atomic
+from transformer_cli.checkpoint import read_checkpoint, serialize
 from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config
+from transformer_cli.files import write_atomic
 from transformer_cli.models.builders import build_bert, build_transformer
 from transformer_cli.vocab import train_vocab
 

@@ -74,7 +74,8 @@ def train_small(norm: str, joint: bool, tied: bool, steps: int = 80) -> tuple[di
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def trained(request, tmp_path_factory) -> Path:
     """A checkpoint of a small model trained for this variant."""
-    from transformer_cli.checkpoint import serialize, write_atomic
+    from transformer_cli.checkpoint import serialize
+    from transformer_cli.files import write_atomic
 
     state, _ = train_small(**VARIANTS[request.param])
     path = tmp_path_factory.mktemp(request.param) / "model.pt"

@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config
+from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config, config_kind
 from transformer_cli.errors import UserError
 from transformer_cli.models.builders import build_bert, build_transformer
 from transformer_cli.params import (
     PRESETS,
-    config_kind,
     count_config,
     preset_config,
     run_count_params,

@@ -16,10 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformer_cli.config import SCHEMAS, BertRunConfig, TranslationRunConfig, build_config  # noqa: F401
+from transformer_cli.config import SCHEMAS, build_config
 from transformer_cli.errors import UserError
-from transformer_cli.files import remove_stale_temporaries, write_atomic, write_error  # noqa: F401 (used from here)
-from transformer_cli.vocab import BERT_SPECIALS, Vocab, check_bert_vocab  # noqa: F401 (used from here)
+from transformer_cli.vocab import Vocab, check_bert_vocab
 
 # ----------------------------------------------------------------------------- writing
 

@@ -14,11 +14,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from transformer_cli.checkpoint import check_bert_vocab, check_weights, read_checkpoint, write_atomic
+from transformer_cli.checkpoint import check_weights, read_checkpoint
 from transformer_cli.config import BertModelConfig
 from transformer_cli.errors import UserError
+from transformer_cli.files import write_atomic
 from transformer_cli.models.builders import build_bert
-from transformer_cli.vocab import Vocab
+from transformer_cli.vocab import Vocab, check_bert_vocab
 
 _LAYER = "bert.encoder.layer.{i}."
 # Our parameter name -> HF name, for everything but the fused Q/K/V projections.

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from transformer_cli.checkpoint import read_checkpoint
-from transformer_cli.config import (  # noqa: F401 (config_kind, file_config: used from here too)
+from transformer_cli.config import (
     SCHEMAS,
     BertModelConfig,
     BertRunConfig,
@@ -27,11 +27,8 @@ from transformer_cli.config import (  # noqa: F401 (config_kind, file_config: us
     TranslationRunConfig,
     _merge,
     build_config,
-    config_kind,
     file_config,
-    load_config,
     parse_overrides,
-    read_yaml,
 )
 from transformer_cli.errors import UserError
 from transformer_cli.models.builders import build_bert, build_transformer

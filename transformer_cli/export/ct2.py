@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from transformer_cli.checkpoint import read_checkpoint, write_atomic
+from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.errors import UserError
 from transformer_cli.export.folders import prepare_folder
+from transformer_cli.files import write_atomic
 from transformer_cli.vocab import Vocab
 
 QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float16")

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from transformer_cli.checkpoint import check_bert_vocab
 from transformer_cli.config import BertRunConfig
 from transformer_cli.datasets.bert import (
     BertBatch,
@@ -28,7 +27,7 @@ from transformer_cli.run import run_training
 from transformer_cli.scoring import bert_special_ids, bert_validation, held_out_instances
 from transformer_cli.tasks.bert_setup import BertSetup
 from transformer_cli.train.runtime import Runtime
-from transformer_cli.vocab import Vocab
+from transformer_cli.vocab import Vocab, check_bert_vocab
 
 
 def special_ids(vocab: Vocab) -> SpecialIds:

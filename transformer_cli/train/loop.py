@@ -25,9 +25,10 @@ import torch
 from torch import Tensor, nn
 
 from transformer_cli import __version__
-from transformer_cli.checkpoint import Checkpoint, serialize, write_atomic
+from transformer_cli.checkpoint import Checkpoint, serialize
 from transformer_cli.config import TrainConfig
 from transformer_cli.errors import UserError
+from transformer_cli.files import write_atomic
 from transformer_cli.run import say, stop_reason
 from transformer_cli.train.metrics import MetricsLog
 from transformer_cli.train.optim import build_optimizer, build_scheduler
