@@ -136,7 +136,7 @@ def test_blocks_read_anywhere_give_the_lines_of_stream_lines(tmp_path, data):
     want = [line for chunk in stream_lines(path) for line in chunk]
     for block, chunk_bytes in ((1, 1 << 22), (2, 1), (3, 2), (100, 3)):
         index = text_mod.index_lines(path, block, chunk_bytes=chunk_bytes)
-        assert index.lines == len(want) == text_mod.count_lines(path) and index.size == len(data)
+        assert index.lines == len(want) and index.size == len(data)
         assert index.sha256 == hashlib.sha256(data).hexdigest()
         got = [line for b in index.blocks() for line in text_mod.read_block(b)]
         assert got == want, (block, chunk_bytes)

@@ -44,6 +44,7 @@ from transformer_cli.datasets.text import (
     split_sentences,
 )
 from transformer_cli.errors import UserError
+from transformer_cli.files import write_atomic
 
 FORMAT = "tcli-shards/1"
 MANIFEST = "manifest.json"
@@ -151,9 +152,7 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def _map(path: Path, dtype: np.dtype) -> np.ndarray:
-    """The file as a read-only array. Its pages are read one at a time when touched (MADV_RANDOM): batches read
-    scattered sentences, and the kernel's default of mapping 16 neighbouring pages per touch would make each
-    batch map megabytes it does not use."""
+    """The file as a read-only memory-mapped array (for whole-corpus array code; batches use pread)."""
     try:
         size = path.stat().st_size
         if size == 0:
@@ -163,8 +162,6 @@ def _map(path: Path, dtype: np.dtype) -> np.ndarray:
                             "preprocess again")
         with open(path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        if hasattr(mapped, "madvise"):
-            mapped.madvise(mmap.MADV_RANDOM)
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}; preprocess again") from None
     return np.frombuffer(mapped, dtype=dtype)
@@ -372,8 +369,6 @@ def begin(folder: Path) -> None:
 
 
 def finish(folder: Path, manifest: dict[str, Any]) -> None:
-    from transformer_cli.files import write_atomic
-
     manifest = {"format": FORMAT, **manifest}
     write_atomic((json.dumps(manifest, indent=1) + "\n").encode(), folder / MANIFEST)
 
@@ -382,15 +377,7 @@ def lines_of(blocks: Iterator[list[str]]) -> Iterator[str]:
     return itertools.chain.from_iterable(blocks)
 
 
-def batched(items: Iterator[Any], n: int) -> Iterator[list[Any]]:
-    while True:
-        chunk = list(itertools.islice(items, n))
-        if not chunk:
-            return
-        yield chunk
-
-
-# ----------------------------------------------------------------------------- documents (BERT)
+# ----------------------------------------------------------------------------- worker functions: a block each
 
 
 def encode_pairs(task: tuple[Block, Block, int | None, bool, str]) -> dict[str, Any]:
@@ -444,6 +431,9 @@ def encode_documents(task: tuple[Block, str, bool, str]) -> dict[str, Any]:
             carry = False
     return {"tokens": flat.astype(dtype), "lengths": lengths[lengths > 0], "starts": np.array(kept_starts, bool),
             "trailing": carry or boundary, "lines": len(lines)}
+
+
+# ----------------------------------------------------------------------------- documents (BERT)
 
 
 def preprocess_documents(folder: Path, splits: dict[str, LineIndex], vocab: Any, fmt: str, split: bool,

@@ -96,26 +96,27 @@ class LineReader:
             self._stream.close()
 
     def __next__(self) -> str:
-        while not self._ready:
-            if self._error is not None:
-                raise self._error
-            if self._eof:
-                raise StopIteration
-            self._fill()
+        if not self._wait():
+            raise StopIteration
         return self._ready.popleft()
 
     def blocks(self) -> Iterator[list[str]]:
         """The lines in lists, as each read decodes them (for a reader that takes many at a time)."""
-        while True:
-            while not self._ready:
-                if self._error is not None:
-                    raise self._error
-                if self._eof:
-                    return
-                self._fill()
+        while self._wait():
             block = list(self._ready)
             self._ready.clear()
             yield block
+
+    def _wait(self) -> bool:
+        """Read until a line is ready (True) or the input has ended (False); an invalid line raises here, once
+        the lines before it are handed out."""
+        while not self._ready:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return False
+            self._fill()
+        return True
 
     def waiting(self) -> bool:
         """True when no line is ready and the next has not arrived (a pipe or terminal whose writer
@@ -228,11 +229,6 @@ def stream_lines(path: str | Path, block_bytes: int = STREAM_BYTES) -> Iterator[
     read in bounded memory (the lines and errors of `LineReader`)."""
     with open_lines(path, block_bytes) as reader:
         yield from reader.blocks()
-
-
-def count_lines(path: str | Path) -> int:
-    """The number of lines of a UTF-8 text file, read as a stream (invalid UTF-8 is an error naming the line)."""
-    return index_lines(path, 1 << 62).lines
 
 
 # ----------------------------------------------------------------------------- blocks of lines, read anywhere

@@ -130,8 +130,8 @@ def token_batches(src_lens: Sequence[int] | np.ndarray, tgt_lens: Sequence[int] 
     of `multiple` (see `collate`). Sentences are sorted by width, then target and source length (ties in a
     random order drawn from seed and epoch), so that a batch holds sentences of similar length and padding
     stays low, and cut greedily into batches of n sentences with n * width <= max_tokens; the batch order is
-    then shuffled. Vectorised over the corpus, with 32-bit arrays where they suffice (a corpus of 4.5M pairs
-    needs about 70 MB at the peak): only the cut points are found batch by batch. The result depends only on
+    then shuffled. Vectorised over the corpus, with 32-bit arrays where they suffice (planning 4.5M pairs
+    peaks at about 100 MB): only the cut points are found batch by batch. The result depends only on
     (lengths, max_tokens, seed, epoch, multiple): this is what makes resume exact.
     """
     src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)  # (n,) each, any integer type: no 64-bit copies
