@@ -4,13 +4,17 @@
 
 Runs, in one process tree on this machine: the matmul peak (fp32, bf16); translation training
 (`tcli train` on Multi30k, steady-state `tgt_tokens_per_sec` from metrics.jsonl) against
-`peer_hf_nmt.py --dtype bf16`; BERT pretraining (`tcli pretrain-bert` on WikiText-2, `tokens_per_sec`)
-against `peer_hf_bert.py --dtype bf16`; beam search (`tcli translate --beam 5` on test_2016_flickr,
-decoded tokens/s) against `peer_hf_nmt.py --mode decode --batch 64 --new-tokens 20`; model FLOPs
+`peer_hf_nmt.py`; BERT pretraining (`tcli pretrain-bert` on WikiText-2, `tokens_per_sec`) against
+`peer_hf_bert.py`; beam search (`tcli translate --beam 5` on test_2016_flickr, decoded tokens/s) against
+`peer_hf_nmt.py --mode decode --batch 64 --new-tokens 20` at the checkpoint's dimensions; model FLOPs
 utilisation from FLOPs counted on a real step; resident memory over a long run; data-parallel
-throughput with 1 and 2 processes under torchrun. Ours and the peers
-alternate (`--rounds`) so that the shared machine's noise hits both; ratios use medians.
-With `--write FILE` the table replaces the part of FILE between its benchmark markers.
+throughput with 1 and 2 processes under torchrun. Ours and the peers alternate (`--rounds`) so that the
+shared machine's noise hits both; ratios use medians. Both sides run in the precision tcli's `auto` picks
+on this machine (bf16 where the CPU multiplies bf16 natively, else fp32), and the run names the CPU and
+its matrix instruction sets (from /proc/cpuinfo), so that every kind of machine gets its own row.
+
+With `--write FILE` this machine's row of FILE's "by machine" table and its own section (between markers
+that name the machine) are replaced, or added when the machine is new; other machines' stay as they are.
 """
 
 from __future__ import annotations
@@ -35,7 +39,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 PEERS = SHARED / "peers"
-START, END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
+MACHINES_START, MACHINES_END = "<!-- benchmark-machines:start -->", "<!-- benchmark-machines:end -->"
+# The per-machine section's markers: "<!-- benchmark:start KEY -->" ... "<!-- benchmark:end KEY -->".
+START, END = "<!-- benchmark:start {} -->", "<!-- benchmark:end {} -->"
+# The /proc/cpuinfo flags that decide how fast these models train: vector width, int8 dot products, bf16.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
 NMT_SIZE = ["model.d_model=256", "model.enc_layers=3", "model.dec_layers=3", "model.heads=4", "model.ffn_dim=1024",
             "vocab.size=8000", "train.max_tokens=2560"]
@@ -116,17 +124,17 @@ def nmt_train_args(steps: int, log_every: int = 25, eval_every: int = 100000) ->
             "--set", "data.test=null", *overrides(NMT_SIZE)]
 
 
-def bench_nmt(work: Path, rounds: int, steps: int) -> dict:
+def bench_nmt(work: Path, rounds: int, steps: int, dtype: str) -> dict:
     ours, theirs = [], []
     for r in range(rounds):
         out = work / f"nmt{r}"
         run(tcli(*nmt_train_args(steps), "--out", str(out)))
         ours.append(steady(out, "tgt_tokens_per_sec"))
-        theirs.append(peer("peer_hf_nmt.py", "--dtype", "bf16")["tgt_tokens_per_sec"])
+        theirs.append(peer("peer_hf_nmt.py", "--dtype", dtype)["tgt_tokens_per_sec"])
     return {"ours": statistics.median(ours), "peer": statistics.median(theirs), "ours_all": ours, "peer_all": theirs}
 
 
-def bench_bert(work: Path, rounds: int, steps: int) -> dict:
+def bench_bert(work: Path, rounds: int, steps: int, dtype: str) -> dict:
     data = SHARED / "data" / "wikitext-2"
     ours, theirs = [], []
     for r in range(rounds):
@@ -135,12 +143,24 @@ def bench_bert(work: Path, rounds: int, steps: int) -> dict:
                  "--set", f"data.dir={data}", "--set", f"train.max_steps={steps}", "--set", "train.log_every=25",
                  "--set", "train.eval_every=100000", *overrides(BERT_SIZE)))
         ours.append(steady(out, "tokens_per_sec"))
-        theirs.append(peer("peer_hf_bert.py", "--dtype", "bf16")["tokens_per_sec"])
+        theirs.append(peer("peer_hf_bert.py", "--dtype", dtype)["tokens_per_sec"])
     return {"ours": statistics.median(ours), "peer": statistics.median(theirs), "ours_all": ours, "peer_all": theirs}
 
 
-def bench_decode(work: Path, checkpoint: Path, rounds: int) -> dict:
+def checkpoint_size(checkpoint: Path) -> dict:
+    """The model dimensions of a translation checkpoint, as the peer's arguments name them."""
+    m = torch.load(checkpoint, map_location="cpu", weights_only=False)["config"]["model"]
+    vocab = torch.load(checkpoint, map_location="cpu", weights_only=False)["config"]["vocab"]["size"]
+    if m["enc_layers"] != m["dec_layers"]:
+        raise SystemExit(f"{checkpoint}: the peer has one layer count for encoder and decoder; this model has "
+                         f"{m['enc_layers']}+{m['dec_layers']}")
+    return {"d": m["d_model"], "layers": m["enc_layers"], "heads": m["heads"], "ffn": m["ffn_dim"], "vocab": vocab}
+
+
+def bench_decode(work: Path, checkpoint: Path, rounds: int, dtype: str) -> dict:
     test = SHARED / "data" / "multi30k" / "test_2016_flickr.en"
+    size = checkpoint_size(checkpoint)
+    dims = [arg for key, value in size.items() for arg in (f"--{key}", str(value))]
     ours, theirs, scores = [], [], {}
     for r in range(rounds):
         stats = work / f"decode{r}.json"
@@ -151,9 +171,9 @@ def bench_decode(work: Path, checkpoint: Path, rounds: int) -> dict:
         ours.append(s["tokens_per_sec"])
         scores = {k: s[k] for k in ("bleu", "bleu_lc", "chrf", "sentences_per_sec", "tokens")}
         theirs.append(peer("peer_hf_nmt.py", "--mode", "decode", "--batch", "64", "--new-tokens", "20",
-                           "--dtype", "bf16")["tokens_per_sec"])
+                           "--dtype", dtype, *dims)["tokens_per_sec"])
     return {"ours": statistics.median(ours), "peer": statistics.median(theirs), "ours_all": ours,
-            "peer_all": theirs, **scores}
+            "peer_all": theirs, "size": size, **scores}
 
 
 def bench_memory(work: Path, steps: int) -> dict:
@@ -185,49 +205,63 @@ def bench_ddp(work: Path, steps: int) -> dict:
     return {"tokens_per_sec": result, "efficiency": two / (2 * one), "steps": steps}
 
 
-def machine() -> str:
-    cpu = platform.processor() or "CPU"
+def machine() -> dict:
+    """The CPU's model name, its matrix instruction sets (ISA_FLAGS present in /proc/cpuinfo), and what tcli
+    picks on it. `key` names the machine in BENCHMARKS.md: one row and one section per key."""
+    cpu, flags = platform.processor() or "CPU", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu in ("", "CPU", platform.processor()):
                 cpu = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    from transformer_cli.train.runtime import cpu_has_bf16_matmul
+    from transformer_cli.train.runtime import resolve_precision
 
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"bf16 matrix instructions: {'yes' if cpu_has_bf16_matmul() else 'no'}")
+    isa = [flag for flag in ISA_FLAGS if flag in flags]
+    return {"cpu": cpu, "isa": isa, "key": f"{cpu} [{' '.join(isa) or 'no listed ISA flags'}]",
+            "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "precision": resolve_precision("auto", torch.device("cpu"))}
+
+
+def utilisation(r: dict, kind: str) -> tuple[float, float]:
+    """(achieved GFLOP/s, fraction of the matmul peak in the precision this machine trains in)."""
+    achieved = r[f"{kind}_flops_per_token"] * r[kind]["ours"] / 1e9
+    return achieved, achieved / r[f"peak_{r['machine']['precision']}"]
 
 
 def table(r: dict) -> str:
-    rows = [f"Machine: {r['machine']}. Run: `{r['command']}` ({r['date']}).", "",
-            f"Matmul peak (2048², median): fp32 {r['peak_fp32']:.0f} GFLOP/s, "
-            f"bf16 {r['peak_bf16']:.0f} GFLOP/s.", "",
+    m, dtype = r["machine"], r["machine"]["precision"]
+    rows = [f"Machine: {m['cpu']}, {m['cores']} cores, ISA flags: {' '.join(m['isa']) or 'none of ' + str(ISA_FLAGS)}; "
+            f"torch {m['torch']}, {m['threads']} threads; `precision: auto` = {dtype}, and the peers run in {dtype}. "
+            f"Run: `{r['command']}` ({r['date']}).", "",
+            f"Matmul peak (2048², median): fp32 {r['peak_fp32']:.0f} GFLOP/s, " + (
+                f"bf16 {r['peak_bf16']:.0f} GFLOP/s." if r["peak_bf16"] else "bf16 not measured (no native bf16)."),
+            "",
             "| what | ours | reference | ratio | target |", "|---|---|---|---|---|"]
     if "nmt" in r:
         n = r["nmt"]
         rows.append(f"| translation training, tgt tokens/s (Multi30k, d 256, 3+3 layers, vocab 8000, ~2,200 "
-                    f"tokens/batch) | {n['ours']:,.0f} | {n['peer']:,.0f} (peer_hf_nmt bf16) | "
+                    f"tokens/batch) | {n['ours']:,.0f} | {n['peer']:,.0f} (peer_hf_nmt {dtype}) | "
                     f"{n['ours'] / n['peer']:.2f}× | ≥ 2.0× |")
     if "bert" in r:
         b = r["bert"]
         rows.append(f"| BERT pretraining, tokens/s (WikiText-2, d 256, 4 layers, seq 128, batch 32) | "
-                    f"{b['ours']:,.0f} | {b['peer']:,.0f} (peer_hf_bert bf16) | "
+                    f"{b['ours']:,.0f} | {b['peer']:,.0f} (peer_hf_bert {dtype}) | "
                     f"{b['ours'] / b['peer']:.2f}× | ≥ 2.0× |")
     if "decode" in r:
-        d = r["decode"]
-        rows.append(f"| beam search (beam 5), decoded tokens/s (test_2016_flickr, 1,000 sentences) | "
-                    f"{d['ours']:,.0f} | {d['peer']:,.0f} (peer decode, batch 64, 20 tokens) | "
+        d, z = r["decode"], r["decode"]["size"]
+        rows.append(f"| beam search (beam 5), decoded tokens/s (test_2016_flickr, 1,000 sentences; d {z['d']}, "
+                    f"{z['layers']}+{z['layers']} layers, vocab {z['vocab']}, BLEU {d['bleu']:.2f}) | "
+                    f"{d['ours']:,.0f} | {d['peer']:,.0f} (peer decode {dtype}, same size, batch 64, 20 tokens) | "
                     f"{d['ours'] / d['peer']:.2f}× | ≥ 3.0× |")
     for kind, label in (("nmt", "translation"), ("bert", "BERT-small")):
         if kind in r:
-            f = r[f"{kind}_flops_per_token"]
-            achieved = f * r[kind]["ours"] / 1e9
-            rows.append(f"| model FLOPs utilisation, {label} training ({f / 1e6:.1f} MFLOP/token counted) | "
-                        f"{achieved:.0f} GFLOP/s = {100 * achieved / r['peak_bf16']:.0f}% of bf16 peak, "
-                        f"{100 * achieved / r['peak_fp32']:.0f}% of fp32 peak | — | — |"
-                        + (" ≥ 40% bf16 |" if kind == "bert" else " report |"))
+            achieved, share = utilisation(r, kind)
+            rows.append(f"| model FLOPs utilisation, {label} training ({r[f'{kind}_flops_per_token'] / 1e6:.1f} "
+                        f"MFLOP/token counted) | {achieved:.0f} GFLOP/s = {100 * share:.0f}% of the {dtype} peak | "
+                        f"— | — |" + (" ≥ 40% bf16 |" if kind == "bert" else " report |"))
     if "memory" in r:
         m = r["memory"]
         last = m["samples"][-1][0]
@@ -721,8 +755,11 @@ def data_table(r: dict, head: dict) -> str:
             commands.append(text)
         return f"[{commands.index(text) + 1}]"
 
-    rows = [f"Machine: {head['machine']}. Run: `{head['command']}` ({head['date']}; {r['uptime_start']} at the "
-            f"start, {r['uptime_end']} at the end: the machine is shared). $TMP is the benchmark's temporary folder, "
+    m = head["machine"]
+    rows = [f"Machine: {m['cpu']}, {m['cores']} cores, ISA flags: {' '.join(m['isa']) or 'none listed'}, torch "
+            f"{m['torch']}, {m['threads']} threads. Run: `{head['command']}` ({head['date']}; "
+            f"{r['uptime_start']} at the start, {r['uptime_end']} at the end: the machine is shared). "
+            f"$TMP is the benchmark's temporary folder, "
             f"$DATA the replicated corpora's ({', '.join(f'{k}: {v:,} pairs' for k, v in r['pairs'].items())}). "
             f"Training runs use a small model, to keep the steps short on this CPU and the data path a large share "
             f"of time and memory: translation `{' '.join(DATA_NMT_SIZE)}`, BERT `{' '.join(DATA_BERT_SIZE)}`; "
@@ -758,50 +795,100 @@ def main() -> None:
     only = set(a.only.split(","))
     result = {"machine": machine(), "command": "python scripts/benchmark.py " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d")}
+    dtype = result["machine"]["precision"]
+    print(f"machine: {result['machine']['key']}; precision auto = {dtype} (the peers run in {dtype})", file=sys.stderr)
     speed = only & {"nmt", "bert", "decode", "memory", "ddp"}
-    if speed:  # the speed table's reference (a bf16 matmul without bf16 instructions takes many minutes)
-        result |= {"peak_fp32": matmul_peak(torch.float32), "peak_bf16": matmul_peak(torch.bfloat16)}
+    if speed:  # the speed table's reference; bf16 only where the CPU multiplies it natively (elsewhere one
+        # emulated 2048² bf16 matmul takes minutes: 150 s on a 2-core AVX2 EPYC)
+        result |= {"peak_fp32": matmul_peak(torch.float32),
+                   "peak_bf16": matmul_peak(torch.bfloat16) if dtype == "bf16" else None}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "data" in only:  # first, while nothing else of ours has warmed the machine or filled the page cache
             result["data"] = bench_data(work, a)
             print(json.dumps(result["data"], indent=1, default=str), file=sys.stderr)
         if "nmt" in only:
-            result["nmt"] = bench_nmt(work, a.rounds, a.nmt_steps)
+            result["nmt"] = bench_nmt(work, a.rounds, a.nmt_steps, dtype)
             result["nmt_flops_per_token"] = train_flops_per_token("nmt")
         if "bert" in only:
-            result["bert"] = bench_bert(work, a.rounds, a.bert_steps)
+            result["bert"] = bench_bert(work, a.rounds, a.bert_steps, dtype)
             result["bert_flops_per_token"] = train_flops_per_token("bert")
         if "decode" in only:
             if a.nmt_checkpoint is None:
                 raise SystemExit("--nmt-checkpoint is needed for the decoding benchmark (or drop decode from --only)")
-            result["decode"] = bench_decode(work, a.nmt_checkpoint, a.rounds)
+            result["decode"] = bench_decode(work, a.nmt_checkpoint, a.rounds, dtype)
         if "memory" in only:
             result["memory"] = bench_memory(work, a.memory_steps)
         if "ddp" in only:
             result["ddp"] = bench_ddp(work, a.ddp_steps)
     sections = {}
     if speed:
-        sections[START, END] = table(result)
+        key = result["machine"]["key"]
+        sections[START.format(key), END.format(key)] = table(result)
     if "data" in only:
         sections[DATA_START, DATA_END] = data_table(result["data"], result)
     for text in sections.values():
         print(text)
     print(json.dumps({k: v for k, v in result.items() if k != "data"}, indent=1, default=str), file=sys.stderr)
     if a.write:
-        write_sections(a.write, sections)
+        doc = a.write.read_text(encoding="utf-8")
+        if speed:
+            doc = add_machine_section(doc, result["machine"])
+            doc = update_machine_row(doc, result)
+        a.write.write_text(write_sections(doc, sections), encoding="utf-8")
 
 
-def write_sections(path: Path, sections: dict[tuple[str, str], str]) -> None:
-    """Replace what lies between each pair of markers in `path` by its section's text."""
-    doc = path.read_text(encoding="utf-8")
+def write_sections(doc: str, sections: dict[tuple[str, str], str]) -> str:
+    """`doc` with what lies between each pair of markers replaced by its section's text."""
     for (start, end), text in sections.items():
         if start not in doc or end not in doc:
-            raise SystemExit(f"{path} has no {start} ... {end} markers")
+            raise SystemExit(f"the file has no {start} ... {end} markers")
         head, rest = doc.split(start, 1)
         _, tail = rest.split(end, 1)
         doc = f"{head}{start}\n{text}{end}{tail}"
-    path.write_text(doc, encoding="utf-8")
+    return doc
+
+
+def add_machine_section(doc: str, m: dict) -> str:
+    """A heading and empty markers for a machine the file has no section for, after the last machine's
+    section (or after the "by machine" table when there is none yet)."""
+    start, end = START.format(m["key"]), END.format(m["key"])
+    if start in doc:
+        return doc
+    anchor = doc.rfind("<!-- benchmark:end ")
+    anchor = doc.index("-->", anchor) + 3 if anchor >= 0 else doc.index(MACHINES_END) + len(MACHINES_END)
+    block = f"\n\n### {m['key']}\n\n{start}\n{end}"
+    return doc[:anchor] + block + doc[anchor:]
+
+
+MACHINE_COLUMNS = ("machine (CPU [ISA flags])", "precision", "translation training", "BERT training", "beam search",
+                   "MFU translation / BERT", "measured")
+
+
+def update_machine_row(doc: str, r: dict) -> str:
+    """This machine's row of the "by machine" table: the ratios this run measured replace the old ones,
+    those it did not measure are kept."""
+    if MACHINES_START not in doc or MACHINES_END not in doc:
+        raise SystemExit(f"the file has no {MACHINES_START} ... {MACHINES_END} markers")
+    head, rest = doc.split(MACHINES_START, 1)
+    body, tail = rest.split(MACHINES_END, 1)
+    rows = [line for line in body.strip().splitlines() if line.startswith("| ")][1:]  # without the header
+    m = r["machine"]
+    cells = {MACHINE_COLUMNS[0]: m["key"], "precision": m["precision"], "measured": r["date"]}
+    old = next((row for row in rows if row.split(" | ")[0] == f"| {m['key']}"), None)
+    if old is not None:
+        cells = dict(zip(MACHINE_COLUMNS, (c.strip() for c in old.strip("| ").split(" | ")))) | cells
+    for kind, column in (("nmt", "translation training"), ("bert", "BERT training"), ("decode", "beam search")):
+        if kind in r:
+            cells[column] = f"{r[kind]['ours'] / r[kind]['peer']:.2f}×"
+    if "nmt" in r or "bert" in r:
+        shares = [f"{100 * utilisation(r, k)[1]:.0f}%" if k in r else "—" for k in ("nmt", "bert")]
+        cells["MFU translation / BERT"] = " / ".join(shares)
+    row = "| " + " | ".join(cells.get(c, "—") for c in MACHINE_COLUMNS) + " |"
+    rows = [row if existing is old else existing for existing in rows] if old is not None else rows + [row]
+    table = ["| " + " | ".join(MACHINE_COLUMNS) + " |", "|" + "---|" * len(MACHINE_COLUMNS), *rows]
+    return f"{head}{MACHINES_START}\n" + "\n".join(table) + f"\n{MACHINES_END}{tail}"
+
 
 if __name__ == "__main__":
     main()
