@@ -98,3 +98,22 @@ def test_config_is_frozen():
 
     with pytest.raises(ValidationError, match="frozen"):
         cfg.train.lr = 1.0
+
+
+def test_cuda_devices_that_do_not_exist_are_user_errors(monkeypatch):
+    """cuda:N past the visible GPUs, and torchrun starting more processes on a machine than it has GPUs,
+    end in one line that names the fix (not in an error deep inside CUDA)."""
+    from transformer_cli.train import runtime
+
+    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runtime.torch.cuda, "device_count", lambda: 1)
+    assert runtime.pick_device("cuda:0") == runtime.torch.device("cuda", 0)
+    with pytest.raises(UserError, match=r"--device cuda:1: this machine has 1 CUDA device \(cuda:0 to cuda:0\)"):
+        runtime.pick_device("cuda:1")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(UserError, match=r"local rank 1 .* 1 CUDA device: use --nproc_per_node 1 .* --device cpu"):
+        runtime.Runtime.create("cuda")
+    with pytest.raises(UserError, match="local rank 1"):
+        runtime.Runtime.create("auto")
