@@ -11,7 +11,7 @@ out-of-memory, a hang) is recorded and the others still run:
   models (built from the count-params presets by `transformer_cli.models.builders`) on synthetic
   random token batches: tokens/s, sequences/s, peak GPU memory, model FLOPs utilisation;
 - decode_beam5: beam-5 decoding tokens/s of a transformer-base-size model (`transformer_cli.decode`);
-- tests: `python -m pytest -q -x` with CUDA visible, under the time that is left.
+- tests: `python -m pytest -v` with CUDA visible, under the time that is left (every failure named).
 
 Without CUDA every GPU section is recorded as skipped with its reason and the whole run takes
 seconds; `--cpu-tests` runs the test suite anyway. `--device cpu --tiny` runs the measurement
@@ -63,7 +63,7 @@ SECTIONS: dict[str, str] = {
     "train_bert_base": "BERT-base training throughput, sequence length 128",
     "train_bert_large": "BERT-large training throughput, sequence length 128",
     "decode_beam5": "beam-5 decoding speed, transformer-base size",
-    "tests": "the test suite (python -m pytest -q -x)",
+    "tests": "the test suite (python -m pytest -v)",
 }
 LIMITS_S = {"device": 40, "train_translation_base": 80, "train_bert_base": 80, "train_bert_large": 100,
             "decode_beam5": 70, "tests": 300}
@@ -108,16 +108,25 @@ def parse_pytest_summary(output: str) -> dict[str, Any]:
     return counts
 
 
-def progress_counts(output: str) -> dict[str, int]:
-    """Outcomes read off pytest -q's progress lines ('..s.F [ 40%]'): what ran before a timeout cut it."""
-    marks = "".join(m.group(1) for m in re.finditer(r"^([.sFExX]+)\s*(?:\[\s*\d+%\])?$", output, re.MULTILINE))
-    return {"passed": marks.count("."), "failed": marks.count("F"), "errors": marks.count("E"),
-            "skipped": marks.count("s")}
+def progress_counts(output: str) -> dict[str, Any]:
+    """Outcomes read off pytest -v's per-test lines ('tests/x.py::t PASSED [ 40%]'): what ran before a
+    timeout cut it, with the failing tests named."""
+    outcomes = re.findall(r"^(\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", output, re.MULTILINE)
+    counts: dict[str, Any] = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    for _, what in outcomes:
+        key = {"PASSED": "passed", "FAILED": "failed", "ERROR": "errors", "SKIPPED": "skipped"}.get(what)
+        if key:
+            counts[key] += 1
+    failures = [test for test, what in outcomes if what in ("FAILED", "ERROR")]
+    if failures:
+        counts["failures"] = failures
+    return counts
 
 
 def run_tests(limit_s: float) -> dict[str, Any]:
-    """`python -m pytest -q -x` in the repository, killed after limit_s."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    """`python -m pytest -v` in the repository, killed after limit_s. Not -x: a GPU machine's few minutes
+    should name every test that fails there, not only the first."""
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, NESTED_ENV: "1"})

@@ -177,8 +177,10 @@ def test_pytest_output_parsing():
     out = "....s.F\n=== short test summary info ===\nFAILED tests/x.py::t\n1 failed, 5 passed, 1 skipped in 12.34s\n"
     assert gpu_check.parse_pytest_summary(out) == {"failed": 1, "passed": 5, "skipped": 1, "pytest_seconds": 12.34,
                                                    "failures": ["tests/x.py::t"]}
-    progress = "..s.. [ 10%]\n.....F [ 20%]\n"
-    assert gpu_check.progress_counts(progress) == {"passed": 9, "failed": 1, "errors": 0, "skipped": 1}
+    progress = ("tests/a.py::t1 PASSED  [ 10%]\ntests/a.py::t2[x-1] SKIPPED (no data)  [ 20%]\n"
+                "tests/b.py::t3 FAILED  [ 30%]\ntests/b.py::t4 PASSED  [ 40%]\ntests/c.py::t5 ERROR  [ 50%]\n")
+    assert gpu_check.progress_counts(progress) == {"passed": 2, "failed": 1, "errors": 1, "skipped": 1,
+                                                   "failures": ["tests/b.py::t3", "tests/c.py::t5"]}
 
 
 def test_report_is_strict_json_even_with_a_diverged_loss(tmp_path):
