@@ -149,8 +149,8 @@ def bench_bert(work: Path, rounds: int, steps: int, dtype: str) -> dict:
 
 def checkpoint_size(checkpoint: Path) -> dict:
     """The model dimensions of a translation checkpoint, as the peer's arguments name them."""
-    config = torch.load(checkpoint, map_location="cpu", weights_only=False)["config"]
-    m, vocab = config["model"], config["vocab"]["size"]
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    m, vocab = ckpt["config"]["model"], ckpt["model"]["out_proj.weight"].size(0)  # the pieces the model has
     if m["enc_layers"] != m["dec_layers"]:
         raise SystemExit(f"{checkpoint}: the peer has one layer count for encoder and decoder; this model has "
                          f"{m['enc_layers']}+{m['dec_layers']}")
