@@ -208,21 +208,28 @@ def bench_ddp(work: Path, steps: int) -> dict:
 def machine() -> dict:
     """The CPU's model name, its matrix instruction sets (ISA_FLAGS present in /proc/cpuinfo), and what tcli
     picks on it. `key` names the machine in BENCHMARKS.md: one row and one section per key."""
-    cpu, flags = platform.processor() or "CPU", set()
+    model, flags = None, set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu in ("", "CPU", platform.processor()):
-                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("model name") and model is None:  # every core repeats it: the first is enough
+                model = line.split(":", 1)[1].strip()
             elif line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
+    cpu = model or platform.processor() or "CPU"
     from transformer_cli.train.runtime import resolve_precision
 
     isa = [flag for flag in ISA_FLAGS if flag in flags]
     return {"cpu": cpu, "isa": isa, "key": f"{cpu} [{' '.join(isa) or 'no listed ISA flags'}]",
             "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "precision": resolve_precision("auto", torch.device("cpu"))}
+
+
+def describe(m: dict) -> str:
+    """The machine as the tables' first line names it."""
+    return (f"{m['cpu']}, {m['cores']} cores, ISA flags: {' '.join(m['isa']) or 'none of ' + ' '.join(ISA_FLAGS)}; "
+            f"torch {m['torch']}, {m['threads']} threads")
 
 
 def utilisation(r: dict, kind: str) -> tuple[float, float]:
@@ -233,8 +240,7 @@ def utilisation(r: dict, kind: str) -> tuple[float, float]:
 
 def table(r: dict) -> str:
     m, dtype = r["machine"], r["machine"]["precision"]
-    rows = [f"Machine: {m['cpu']}, {m['cores']} cores, ISA flags: {' '.join(m['isa']) or 'none of ' + str(ISA_FLAGS)}; "
-            f"torch {m['torch']}, {m['threads']} threads; `precision: auto` = {dtype}, and the peers run in {dtype}. "
+    rows = [f"Machine: {describe(m)}; `precision: auto` = {dtype}, and the peers run in {dtype}. "
             f"Run: `{r['command']}` ({r['date']}).", "",
             f"Matmul peak (2048², median): fp32 {r['peak_fp32']:.0f} GFLOP/s, " + (
                 f"bf16 {r['peak_bf16']:.0f} GFLOP/s." if r["peak_bf16"] else "bf16 not measured (no native bf16)."),
@@ -755,9 +761,7 @@ def data_table(r: dict, head: dict) -> str:
             commands.append(text)
         return f"[{commands.index(text) + 1}]"
 
-    m = head["machine"]
-    rows = [f"Machine: {m['cpu']}, {m['cores']} cores, ISA flags: {' '.join(m['isa']) or 'none listed'}, torch "
-            f"{m['torch']}, {m['threads']} threads. Run: `{head['command']}` ({head['date']}; "
+    rows = [f"Machine: {describe(head['machine'])}. Run: `{head['command']}` ({head['date']}; "
             f"{r['uptime_start']} at the start, {r['uptime_end']} at the end: the machine is shared). "
             f"$TMP is the benchmark's temporary folder, "
             f"$DATA the replicated corpora's ({', '.join(f'{k}: {v:,} pairs' for k, v in r['pairs'].items())}). "

@@ -42,8 +42,9 @@ def test_each_machine_keeps_its_own_row_and_section():
     assert [row.split(" | ")[0] for row in rows] == ["| CPU A [avx2]", "| CPU B [avx2 amx_bf16]"]
     assert " 2.50× " in rows[0] and " 3.00× " in rows[0] and " 1.50× " in rows[1]
     assert doc.count("### CPU A [avx2]") == 1 and doc.count("### CPU B [avx2 amx_bf16]") == 1
-    assert doc.index("### CPU A") < doc.index("### CPU B") < doc.index("after the table") or \
-        doc.index("after the table") < doc.index("### CPU A")
+    # The first machine's section right after the table, the next one after it, the rest of the file after both.
+    order = [doc.index(text) for text in (bench.MACHINES_END, "### CPU A", "### CPU B", "after the table")]
+    assert order == sorted(order)
 
     # Machine A again, training only: its training ratio and section are replaced, its decoding ratio kept,
     # machine B untouched.

@@ -78,10 +78,14 @@ def pick_device(name: str) -> torch.device:
     except RuntimeError:
         raise UserError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        count = torch.cuda.device_count()
-        raise UserError(f"--device {name}: this machine has {count} CUDA device{'s' if count != 1 else ''} "
-                        f"(cuda:0 to cuda:{count - 1}); pick one of them, or auto")
+        raise UserError(f"--device {name}: this machine has {_cuda_devices()} (cuda:0 to "
+                        f"cuda:{torch.cuda.device_count() - 1}); pick one of them, or auto")
     return device
+
+
+def _cuda_devices() -> str:
+    count = torch.cuda.device_count()
+    return f"{count} CUDA device{'s' if count != 1 else ''}"
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -128,11 +132,10 @@ class Runtime:
         import torch.distributed as dist
 
         if dev.type == "cuda":
-            count = torch.cuda.device_count()
-            if local_rank >= count:  # one process per GPU: more processes than GPUs would fail deep in CUDA
-                raise UserError(f"torchrun started local rank {local_rank} but this machine has {count} CUDA "
-                                f"device{'s' if count != 1 else ''}: use --nproc_per_node {count} (one process "
-                                f"per GPU), or --device cpu")
+            if local_rank >= torch.cuda.device_count():  # one process per GPU; more would fail deep in CUDA
+                raise UserError(f"torchrun started local rank {local_rank} but this machine has {_cuda_devices()}: "
+                                f"use --nproc_per_node {torch.cuda.device_count()} (one process per GPU), "
+                                f"or --device cpu")
             dev = torch.device("cuda", local_rank)
             torch.cuda.set_device(dev)
         if not dist.is_initialized():
