@@ -18,6 +18,10 @@ TOY = ROOT / "data" / "toy"
 needs_multi30k = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"no Multi30k at {MULTI30K} (../shared absent)")
 needs_wikitext = pytest.mark.skipif(not WIKITEXT.is_dir(), reason=f"no WikiText-2 at {WIKITEXT} (../shared absent)")
 
+# Bitwise equality of two trainings (exact resume, the same batches either way) is promised on CPU; the tests of it
+# pin the CPU so that they keep testing that promise where CUDA is visible (scripts/gpu_check.sh).
+ON_CPU = ("--device", "cpu")
+
 
 def run_tcli(*args: str, cwd: Path | None = None, input: str | None = None, timeout: float = 300,
              env: dict | None = None) -> subprocess.CompletedProcess:

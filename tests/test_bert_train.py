@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import run_killed, run_tcli
+from .conftest import ON_CPU, run_killed, run_tcli
 
 CONFIG = """
 data: {{dir: {data}, train: train.txt, valid: valid.txt, max_seq_len: 32, max_predictions: 5}}
@@ -58,7 +58,7 @@ def events(run: Path) -> list[dict]:
 def test_pretrain_metrics_and_resume_after_sigkill(tmp_path, corpus):
     cfg = config(tmp_path, corpus)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    done = run_tcli("pretrain-bert", "--config", str(cfg), "--out", str(straight), "--quiet")
+    done = run_tcli("pretrain-bert", "--config", str(cfg), "--out", str(straight), "--quiet", *ON_CPU)
     assert done.returncode == 0, done.stderr
     log = events(straight)
     train = [e for e in log if e["event"] == "train"]
@@ -69,9 +69,9 @@ def test_pretrain_metrics_and_resume_after_sigkill(tmp_path, corpus):
     assert {"mlm_loss", "mlm_acc", "nsp_acc", "ppl"} <= set(evals[0]) and 0 <= evals[-1]["mlm_acc"] <= 1
     assert log[-1]["event"] == "end" and "best_mlm_loss" in log[-1]
 
-    crash = run_killed(9, "step", "pretrain-bert", "--config", str(cfg), "--out", str(killed), "--quiet")
+    crash = run_killed(9, "step", "pretrain-bert", "--config", str(cfg), "--out", str(killed), "--quiet", *ON_CPU)
     assert crash.returncode == -signal.SIGKILL
-    resumed = run_tcli("pretrain-bert", "--config", str(cfg), "--out", str(killed), "--resume", "auto", "--quiet")
+    resumed = run_tcli("pretrain-bert", "--config", str(cfg), "--out", str(killed), "--resume", "auto", "--quiet", *ON_CPU)
     assert resumed.returncode == 0, resumed.stderr
     a = torch.load(straight / "checkpoints" / "last.pt", weights_only=True)["model"]
     b = torch.load(killed / "checkpoints" / "last.pt", weights_only=True)["model"]

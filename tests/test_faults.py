@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import run_killed, run_tcli, toy_subset
+from .conftest import ON_CPU, run_killed, run_tcli, toy_subset
 
 STEPS = 16
 CONFIG = """
@@ -31,7 +31,7 @@ def setup(tmp_path_factory) -> tuple[Path, Path]:
     data = toy_subset(root / "data", train=300, valid=20)
     config = root / "tiny.yaml"
     config.write_text(CONFIG.format(data=data, steps=STEPS))
-    done = run_tcli("train", "--config", str(config), "--out", str(root / "straight"), "--quiet")
+    done = run_tcli("train", "--config", str(config), "--out", str(root / "straight"), "--quiet", *ON_CPU)
     assert done.returncode == 0, done.stderr
     return config, root / "straight"
 
@@ -82,22 +82,22 @@ def seeded_points(n: int, seed: int = 2026) -> list[tuple[str, int]]:
 def test_sigkill_then_resume_ends_bitwise_equal(tmp_path, setup, where, step):
     config, straight = setup
     run = tmp_path / "run"
-    crash = run_killed(step, where, "train", "--config", str(config), "--out", str(run), "--quiet")
+    crash = run_killed(step, where, "train", "--config", str(config), "--out", str(run), "--quiet", *ON_CPU)
     assert crash.returncode == -signal.SIGKILL, crash.stderr
-    resumed = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet")
+    resumed = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet", *ON_CPU)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_end(straight, run)
-    again = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto")
+    again = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", *ON_CPU)
     assert again.returncode == 0 and "nothing to do" in again.stderr  # a finished run stays finished
 
 
 def test_kill_before_the_first_checkpoint_starts_over_cleanly(tmp_path, setup):
     config, straight = setup
     run = tmp_path / "run"
-    crash = run_killed(2, "write", "train", "--config", str(config), "--out", str(run), "--quiet")
+    crash = run_killed(2, "write", "train", "--config", str(config), "--out", str(run), "--quiet", *ON_CPU)
     assert crash.returncode == -signal.SIGKILL
     assert not list(run.glob("checkpoints/*.pt")) and '"step": 2' in (run / "metrics.jsonl").read_text()
-    resumed = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet")
+    resumed = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet", *ON_CPU)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_end(straight, run)
     assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 1

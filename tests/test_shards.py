@@ -18,7 +18,7 @@ from transformer_cli.datasets import text as text_mod
 from transformer_cli.datasets.text import read_lines, stream_lines
 from transformer_cli.errors import UserError
 
-from .conftest import TOY, run_tcli, toy_subset
+from .conftest import ON_CPU, TOY, run_tcli, toy_subset
 from .test_train_translate import events, one_line_error, tiny_config
 
 BERT_TOY = TOY.parent / "bert_toy"
@@ -197,8 +197,8 @@ def test_run_without_preprocess_equals_run_with_it(tmp_path, data, preprocessed)
     the same model on the same batches."""
     config = tiny_config(tmp_path, data, steps=6)
     one, two = tmp_path / "one", tmp_path / "two"
-    assert run_tcli("train", "--config", str(config), "--out", str(one), "--quiet").returncode == 0
-    result = run_tcli("train", "--config", str(config), "--out", str(two), "--quiet", "--set",
+    assert run_tcli("train", "--config", str(config), "--out", str(one), "--quiet", *ON_CPU).returncode == 0
+    result = run_tcli("train", "--config", str(config), "--out", str(two), "--quiet", *ON_CPU, "--set",
                       f"data.preprocessed={preprocessed}")
     assert result.returncode == 0, result.stderr
     losses = [[e["loss"] for e in events(run) if e["event"] == "train"] for run in (one, two)]
