@@ -11,7 +11,8 @@ out-of-memory, a hang) is recorded and the others still run:
   models (built from the count-params presets by `transformer_cli.models.builders`) on synthetic
   random token batches: tokens/s, sequences/s, peak GPU memory, model FLOPs utilisation;
 - decode_beam5: beam-5 decoding tokens/s of a transformer-base-size model (`transformer_cli.decode`);
-- tests: `python -m pytest -v` with CUDA visible, under the time that is left (every failure named).
+- tests: the test suite with CUDA visible (`pytest -v`, on pytest-xdist workers where it is installed),
+  under the time that is left (every failure named).
 
 Without CUDA every GPU section is recorded as skipped with its reason and the whole run takes
 seconds; `--cpu-tests` runs the test suite anyway. `--device cpu --tiny` runs the measurement
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -63,7 +65,7 @@ SECTIONS: dict[str, str] = {
     "train_bert_base": "BERT-base training throughput, sequence length 128",
     "train_bert_large": "BERT-large training throughput, sequence length 128",
     "decode_beam5": "beam-5 decoding speed, transformer-base size",
-    "tests": "the test suite (python -m pytest -v)",
+    "tests": "the test suite (python -m pytest -v, on xdist workers where installed)",
 }
 LIMITS_S = {"device": 40, "train_translation_base": 80, "train_bert_base": 80, "train_bert_large": 100,
             "decode_beam5": 70, "tests": 300}
@@ -108,10 +110,17 @@ def parse_pytest_summary(output: str) -> dict[str, Any]:
     return counts
 
 
+# A per-test line of `pytest -v`: "tests/a.py::t[x] PASSED  [ 40%]" (ids may hold spaces), and of
+# pytest-xdist's -v: "[gw1] [ 40%] PASSED tests/a.py::t[x]".
+_OUTCOMES = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
+_SERIAL_LINE = re.compile(rf"^(?!\[gw\d+\])(\S.*?::.*?) ({_OUTCOMES})(?: |$)", re.MULTILINE)
+_XDIST_LINE = re.compile(rf"^\[gw\d+\] \[\s*\d+%\] ({_OUTCOMES}) (\S.*?::.*?)\s*$", re.MULTILINE)
+
+
 def progress_counts(output: str) -> dict[str, Any]:
-    """Outcomes read off pytest -v's per-test lines ('tests/x.py::t PASSED [ 40%]'): what ran before a
-    timeout cut it, with the failing tests named."""
-    outcomes = re.findall(r"^(\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", output, re.MULTILINE)
+    """Outcomes read off pytest -v's per-test lines (serial or pytest-xdist): what ran before a timeout cut
+    it, with the failing tests named."""
+    outcomes = _SERIAL_LINE.findall(output) + [(test, what) for what, test in _XDIST_LINE.findall(output)]
     counts: dict[str, Any] = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     for _, what in outcomes:
         key = {"PASSED": "passed", "FAILED": "failed", "ERROR": "errors", "SKIPPED": "skipped"}.get(what)
@@ -123,13 +132,33 @@ def progress_counts(output: str) -> dict[str, Any]:
     return counts
 
 
+def xdist_workers(cpus: int | None) -> int:
+    """pytest-xdist workers for the suite where xdist is installed (GPU images often have it), else 0: one
+    per two cores, at most 8. A machine of 16 cores then runs the suite (about 20 minutes on 2 cores) within
+    the tests section's few minutes instead of a third of it."""
+    if importlib.util.find_spec("xdist") is None or not cpus or cpus < 4:
+        return 0
+    return min(8, cpus // 2)
+
+
+def pytest_command(workers: int = 0) -> list[str]:
+    """The suite's command: -v with the project's `addopts = -q` cleared (-q and -v would cancel out and
+    print no per-test lines to count after a timeout), parallel with `workers` > 0."""
+    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-v", "-p", "no:cacheprovider"]
+    return cmd + (["-n", str(workers)] if workers else [])
+
+
 def run_tests(limit_s: float) -> dict[str, Any]:
-    """`python -m pytest -v` in the repository, killed after limit_s. Not -x: a GPU machine's few minutes
-    should name every test that fails there, not only the first."""
-    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider"]
+    """The test suite in the repository (`pytest_command`), killed after limit_s. Not -x: a GPU machine's few
+    minutes should name every test that fails there, not only the first."""
+    workers = xdist_workers(os.cpu_count())
+    cmd = pytest_command(workers)
+    env = {**os.environ, NESTED_ENV: "1"}
+    if workers:  # the tcli processes the tests start: two threads each, so that the workers share the cores
+        env.setdefault("OMP_NUM_THREADS", "2")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, NESTED_ENV: "1"})
+                            start_new_session=True, env=env)
     try:
         output, _ = proc.communicate(timeout=limit_s)
         timed_out = False
@@ -141,7 +170,7 @@ def run_tests(limit_s: float) -> dict[str, Any]:
     counts = progress_counts(output) if timed_out else parse_pytest_summary(output)
     status = "timeout" if timed_out else ("ok" if proc.returncode == 0 else "failed")
     result = {"status": status, "command": " ".join(["python", *cmd[1:]]), "returncode": proc.returncode,
-              "seconds": round(seconds, 1), **counts}
+              "seconds": round(seconds, 1), "xdist_workers": workers, **counts}
     if timed_out:
         result["reason"] = f"killed after {limit_s:.0f}s; counts read off the progress lines"
     if status != "ok":

@@ -71,7 +71,8 @@ def test_pretrain_metrics_and_resume_after_sigkill(tmp_path, corpus):
 
     crash = run_killed(9, "step", "pretrain-bert", "--config", str(cfg), "--out", str(killed), "--quiet", *ON_CPU)
     assert crash.returncode == -signal.SIGKILL
-    resumed = run_tcli("pretrain-bert", "--config", str(cfg), "--out", str(killed), "--resume", "auto", "--quiet", *ON_CPU)
+    resumed = run_tcli("pretrain-bert", "--config", str(cfg), "--out", str(killed), "--resume", "auto", "--quiet",
+                       *ON_CPU)
     assert resumed.returncode == 0, resumed.stderr
     a = torch.load(straight / "checkpoints" / "last.pt", weights_only=True)["model"]
     b = torch.load(killed / "checkpoints" / "last.pt", weights_only=True)["model"]

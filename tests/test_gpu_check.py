@@ -181,6 +181,28 @@ def test_pytest_output_parsing():
                 "tests/b.py::t3 FAILED  [ 30%]\ntests/b.py::t4 PASSED  [ 40%]\ntests/c.py::t5 ERROR  [ 50%]\n")
     assert gpu_check.progress_counts(progress) == {"passed": 2, "failed": 1, "errors": 1, "skipped": 1,
                                                    "failures": ["tests/b.py::t3", "tests/c.py::t5"]}
+    spaced = "tests/a.py::t[train: {max_steps: 10}\\n-x] FAILED [ 50%]\ntests/a.py::u[a b] PASSED [100%]\n"
+    assert gpu_check.progress_counts(spaced) == {"passed": 1, "failed": 1, "errors": 0, "skipped": 0,
+                                                 "failures": ["tests/a.py::t[train: {max_steps: 10}\\n-x]"]}
+    xdist = ("tests/a.py::t1 \ntests/b.py::t3 \n[gw1] [ 25%] PASSED tests/a.py::t1 \n"
+             "[gw0] [ 50%] FAILED tests/b.py::t3 \n[gw1] [ 75%] SKIPPED tests/a.py::t2[x y] \n")
+    assert gpu_check.progress_counts(xdist) == {"passed": 1, "failed": 1, "errors": 0, "skipped": 1,
+                                                "failures": ["tests/b.py::t3"]}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_suite_command_prints_a_line_per_test(workers):
+    """Under the project's own pytest settings (addopts -q), the command gpu_check runs prints the per-test
+    lines that a timed-out run is counted from: as many as the summary counts."""
+    if workers and not gpu_check.xdist_workers(8):
+        pytest.skip("pytest-xdist is not installed (gpu_check runs the suite serially then)")
+    cmd = [*gpu_check.pytest_command(workers), "tests/test_config.py"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", gpu_check.NESTED_ENV: "1"})
+    assert done.returncode == 0, done.stdout[-2000:]
+    summary = gpu_check.parse_pytest_summary(done.stdout)
+    assert summary["passed"] >= 10
+    assert gpu_check.progress_counts(done.stdout)["passed"] == summary["passed"]
 
 
 def test_report_is_strict_json_even_with_a_diverged_loss(tmp_path):
