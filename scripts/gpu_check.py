@@ -133,9 +133,9 @@ def progress_counts(output: str) -> dict[str, Any]:
 
 
 def xdist_workers(cpus: int | None) -> int:
-    """pytest-xdist workers for the suite where xdist is installed (GPU images often have it), else 0: one
-    per two cores, at most 8. A machine of 16 cores then runs the suite (about 20 minutes on 2 cores) within
-    the tests section's few minutes instead of a third of it."""
+    """pytest-xdist workers for the suite where xdist is installed (the H200 image lent here lists it), else
+    0: one per two cores, at most 8, so that a machine of 16 cores can run the suite (about 20 minutes on 2
+    cores) within the tests section's few minutes (not yet measured on a GPU machine)."""
     if importlib.util.find_spec("xdist") is None or not cpus or cpus < 4:
         return 0
     return min(8, cpus // 2)
