@@ -45,10 +45,24 @@ START, END = "<!-- benchmark:start {} -->", "<!-- benchmark:end {} -->"
 # The /proc/cpuinfo flags that decide how fast these models train: vector width, int8 dot products, bf16.
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
-NMT_SIZE = ["model.d_model=256", "model.enc_layers=3", "model.dec_layers=3", "model.heads=4", "model.ffn_dim=1024",
-            "vocab.size=8000", "train.max_tokens=2560"]
-BERT_SIZE = ["model.d_model=256", "model.layers=4", "model.heads=4", "model.ffn_dim=1024", "vocab.size=8000",
-             "data.max_seq_len=128", "train.batch_size=32"]
+NMT_SIZE = [
+    "model.d_model=256",
+    "model.enc_layers=3",
+    "model.dec_layers=3",
+    "model.heads=4",
+    "model.ffn_dim=1024",
+    "vocab.size=8000",
+    "train.max_tokens=2560",
+]
+BERT_SIZE = [
+    "model.d_model=256",
+    "model.layers=4",
+    "model.heads=4",
+    "model.ffn_dim=1024",
+    "vocab.size=8000",
+    "data.max_seq_len=128",
+    "train.batch_size=32",
+]
 
 
 def run(cmd: list[str], env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -118,10 +132,23 @@ def train_flops_per_token(kind: str) -> float:
 
 def nmt_train_args(steps: int, log_every: int = 25, eval_every: int = 100000) -> list[str]:
     """`train` arguments of the translation benchmark: Multi30k at the benchmark size, no test split."""
-    return ["train", "--config", "configs/multi30k_en_de.yaml", "--quiet",
-            "--set", f"data.dir={SHARED / 'data' / 'multi30k'}", "--set", f"train.max_steps={steps}",
-            "--set", f"train.log_every={log_every}", "--set", f"train.eval_every={eval_every}",
-            "--set", "data.test=null", *overrides(NMT_SIZE)]
+    return [
+        "train",
+        "--config",
+        "configs/multi30k_en_de.yaml",
+        "--quiet",
+        "--set",
+        f"data.dir={SHARED / 'data' / 'multi30k'}",
+        "--set",
+        f"train.max_steps={steps}",
+        "--set",
+        f"train.log_every={log_every}",
+        "--set",
+        f"train.eval_every={eval_every}",
+        "--set",
+        "data.test=null",
+        *overrides(NMT_SIZE),
+    ]
 
 
 def bench_nmt(work: Path, rounds: int, steps: int, dtype: str) -> dict:
@@ -139,9 +166,25 @@ def bench_bert(work: Path, rounds: int, steps: int, dtype: str) -> dict:
     ours, theirs = [], []
     for r in range(rounds):
         out = work / f"bert{r}"
-        run(tcli("pretrain-bert", "--config", "configs/bert_wikitext2.yaml", "--out", str(out), "--quiet",
-                 "--set", f"data.dir={data}", "--set", f"train.max_steps={steps}", "--set", "train.log_every=25",
-                 "--set", "train.eval_every=100000", *overrides(BERT_SIZE)))
+        run(
+            tcli(
+                "pretrain-bert",
+                "--config",
+                "configs/bert_wikitext2.yaml",
+                "--out",
+                str(out),
+                "--quiet",
+                "--set",
+                f"data.dir={data}",
+                "--set",
+                f"train.max_steps={steps}",
+                "--set",
+                "train.log_every=25",
+                "--set",
+                "train.eval_every=100000",
+                *overrides(BERT_SIZE),
+            )
+        )
         ours.append(steady(out, "tokens_per_sec"))
         theirs.append(peer("peer_hf_bert.py", "--dtype", dtype)["tokens_per_sec"])
     return {"ours": statistics.median(ours), "peer": statistics.median(theirs), "ours_all": ours, "peer_all": theirs}
@@ -152,8 +195,10 @@ def checkpoint_size(checkpoint: Path) -> dict:
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
     m, vocab = ckpt["config"]["model"], ckpt["model"]["out_proj.weight"].size(0)  # the pieces the model has
     if m["enc_layers"] != m["dec_layers"]:
-        raise SystemExit(f"{checkpoint}: the peer has one layer count for encoder and decoder; this model has "
-                         f"{m['enc_layers']}+{m['dec_layers']}")
+        raise SystemExit(
+            f"{checkpoint}: the peer has one layer count for encoder and decoder; this model has "
+            f"{m['enc_layers']}+{m['dec_layers']}"
+        )
     return {"d": m["d_model"], "layers": m["enc_layers"], "heads": m["heads"], "ffn": m["ffn_dim"], "vocab": vocab}
 
 
@@ -164,16 +209,40 @@ def bench_decode(work: Path, checkpoint: Path, rounds: int, dtype: str) -> dict:
     ours, theirs, scores = [], [], {}
     for r in range(rounds):
         stats = work / f"decode{r}.json"
-        run(tcli("translate", "--checkpoint", str(checkpoint), "--input", str(test), "--beam", "5", "--quiet",
-                 "--output", str(work / "hyp.de"), "--reference", str(test.with_suffix(".de")),
-                 "--stats-json", str(stats)))
+        run(
+            tcli(
+                "translate",
+                "--checkpoint",
+                str(checkpoint),
+                "--input",
+                str(test),
+                "--beam",
+                "5",
+                "--quiet",
+                "--output",
+                str(work / "hyp.de"),
+                "--reference",
+                str(test.with_suffix(".de")),
+                "--stats-json",
+                str(stats),
+            )
+        )
         s = json.loads(stats.read_text())
         ours.append(s["tokens_per_sec"])
         scores = {k: s[k] for k in ("bleu", "bleu_lc", "chrf", "sentences_per_sec", "tokens")}
-        theirs.append(peer("peer_hf_nmt.py", "--mode", "decode", "--batch", "64", "--new-tokens", "20",
-                           "--dtype", dtype, *dims)["tokens_per_sec"])
-    return {"ours": statistics.median(ours), "peer": statistics.median(theirs), "ours_all": ours,
-            "peer_all": theirs, "size": size, **scores}
+        theirs.append(
+            peer("peer_hf_nmt.py", "--mode", "decode", "--batch", "64", "--new-tokens", "20", "--dtype", dtype, *dims)[
+                "tokens_per_sec"
+            ]
+        )
+    return {
+        "ours": statistics.median(ours),
+        "peer": statistics.median(theirs),
+        "ours_all": ours,
+        "peer_all": theirs,
+        "size": size,
+        **scores,
+    }
 
 
 def bench_memory(work: Path, steps: int) -> dict:
@@ -191,11 +260,21 @@ def bench_ddp(work: Path, steps: int) -> dict:
     (scaling efficiency = 2-process throughput / twice the 1-process one) and 1 process of all threads.
     The global batch (train.max_tokens) is the same in all three."""
     args = nmt_train_args(steps)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                "-m", "transformer_cli"]
-    setups = {"1 process, 1 thread": (tcli(*args), {"OMP_NUM_THREADS": "1"}),
-              "2 processes (torchrun, gloo), 1 thread each": (torchrun + args, {"OMP_NUM_THREADS": "1"}),
-              f"1 process, {torch.get_num_threads()} threads": (tcli(*args), {})}
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "transformer_cli",
+    ]
+    setups = {
+        "1 process, 1 thread": (tcli(*args), {"OMP_NUM_THREADS": "1"}),
+        "2 processes (torchrun, gloo), 1 thread each": (torchrun + args, {"OMP_NUM_THREADS": "1"}),
+        f"1 process, {torch.get_num_threads()} threads": (tcli(*args), {}),
+    }
     result = {}
     for name, (cmd, env) in setups.items():
         out = work / f"ddp{len(result)}"
@@ -221,15 +300,23 @@ def machine() -> dict:
     from transformer_cli.train.runtime import resolve_precision
 
     isa = [flag for flag in ISA_FLAGS if flag in flags]
-    return {"cpu": cpu, "isa": isa, "key": f"{cpu} [{' '.join(isa) or 'no listed ISA flags'}]",
-            "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "precision": resolve_precision("auto", torch.device("cpu"))}
+    return {
+        "cpu": cpu,
+        "isa": isa,
+        "key": f"{cpu} [{' '.join(isa) or 'no listed ISA flags'}]",
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "precision": resolve_precision("auto", torch.device("cpu")),
+    }
 
 
 def describe(m: dict) -> str:
     """The machine as the tables' first line names it."""
-    return (f"{m['cpu']}, {m['cores']} cores, ISA flags: {' '.join(m['isa']) or 'none of ' + ' '.join(ISA_FLAGS)}; "
-            f"torch {m['torch']}, {m['threads']} threads")
+    return (
+        f"{m['cpu']}, {m['cores']} cores, ISA flags: {' '.join(m['isa']) or 'none of ' + ' '.join(ISA_FLAGS)}; "
+        f"torch {m['torch']}, {m['threads']} threads"
+    )
 
 
 def utilisation(r: dict, kind: str) -> tuple[float, float]:
@@ -240,50 +327,76 @@ def utilisation(r: dict, kind: str) -> tuple[float, float]:
 
 def table(r: dict) -> str:
     m, dtype = r["machine"], r["machine"]["precision"]
-    rows = [f"Machine: {describe(m)}; `precision: auto` = {dtype}, and the peers run in {dtype}. "
-            f"Run: `{r['command']}` ({r['date']}).", "",
-            f"Matmul peak (2048², median): fp32 {r['peak_fp32']:.0f} GFLOP/s, " + (
-                f"bf16 {r['peak_bf16']:.0f} GFLOP/s." if r["peak_bf16"] else "bf16 not measured (no native bf16)."),
-            "",
-            "| what | ours | reference | ratio | target |", "|---|---|---|---|---|"]
+    rows = [
+        f"Machine: {describe(m)}; `precision: auto` = {dtype}, and the peers run in {dtype}. "
+        f"Run: `{r['command']}` ({r['date']}).",
+        "",
+        f"Matmul peak (2048², median): fp32 {r['peak_fp32']:.0f} GFLOP/s, "
+        + (f"bf16 {r['peak_bf16']:.0f} GFLOP/s." if r["peak_bf16"] else "bf16 not measured (no native bf16)."),
+        "",
+        "| what | ours | reference | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
     if "nmt" in r:
         n = r["nmt"]
-        rows.append(f"| translation training, tgt tokens/s (Multi30k, d 256, 3+3 layers, vocab 8000, ~2,200 "
-                    f"tokens/batch) | {n['ours']:,.0f} | {n['peer']:,.0f} (peer_hf_nmt {dtype}) | "
-                    f"{n['ours'] / n['peer']:.2f}× | ≥ 2.0× |")
+        rows.append(
+            f"| translation training, tgt tokens/s (Multi30k, d 256, 3+3 layers, vocab 8000, ~2,200 "
+            f"tokens/batch) | {n['ours']:,.0f} | {n['peer']:,.0f} (peer_hf_nmt {dtype}) | "
+            f"{n['ours'] / n['peer']:.2f}× | ≥ 2.0× |"
+        )
     if "bert" in r:
         b = r["bert"]
-        rows.append(f"| BERT pretraining, tokens/s (WikiText-2, d 256, 4 layers, seq 128, batch 32) | "
-                    f"{b['ours']:,.0f} | {b['peer']:,.0f} (peer_hf_bert {dtype}) | "
-                    f"{b['ours'] / b['peer']:.2f}× | ≥ 2.0× |")
+        rows.append(
+            f"| BERT pretraining, tokens/s (WikiText-2, d 256, 4 layers, seq 128, batch 32) | "
+            f"{b['ours']:,.0f} | {b['peer']:,.0f} (peer_hf_bert {dtype}) | "
+            f"{b['ours'] / b['peer']:.2f}× | ≥ 2.0× |"
+        )
     if "decode" in r:
         d, z = r["decode"], r["decode"]["size"]
-        rows.append(f"| beam search (beam 5), decoded tokens/s (test_2016_flickr, 1,000 sentences; d {z['d']}, "
-                    f"{z['layers']}+{z['layers']} layers, vocab {z['vocab']}, BLEU {d['bleu']:.2f}) | "
-                    f"{d['ours']:,.0f} | {d['peer']:,.0f} (peer decode {dtype}, same size, batch 64, 20 tokens) | "
-                    f"{d['ours'] / d['peer']:.2f}× | ≥ 3.0× |")
+        rows.append(
+            f"| beam search (beam 5), decoded tokens/s (test_2016_flickr, 1,000 sentences; d {z['d']}, "
+            f"{z['layers']}+{z['layers']} layers, vocab {z['vocab']}, BLEU {d['bleu']:.2f}) | "
+            f"{d['ours']:,.0f} | {d['peer']:,.0f} (peer decode {dtype}, same size, batch 64, 20 tokens) | "
+            f"{d['ours'] / d['peer']:.2f}× | ≥ 3.0× |"
+        )
     for kind, label in (("nmt", "translation"), ("bert", "BERT-small")):
         if kind in r:
             achieved, share = utilisation(r, kind)
-            rows.append(f"| model FLOPs utilisation, {label} training ({r[f'{kind}_flops_per_token'] / 1e6:.1f} "
-                        f"MFLOP/token counted) | {achieved:.0f} GFLOP/s = {100 * share:.0f}% of the {dtype} peak | "
-                        f"— | — |" + (" ≥ 40% bf16 |" if kind == "bert" else " report |"))
+            rows.append(
+                f"| model FLOPs utilisation, {label} training ({r[f'{kind}_flops_per_token'] / 1e6:.1f} "
+                f"MFLOP/token counted) | {achieved:.0f} GFLOP/s = {100 * share:.0f}% of the {dtype} peak | "
+                f"— | — |" + (" ≥ 40% bf16 |" if kind == "bert" else " report |")
+            )
     if "memory" in r:
         m = r["memory"]
         last = m["samples"][-1][0]
-        rows.append(f"| peak RSS of translation training, steps {last // 2:,}–{last:,} (evaluating every 250) | "
-                    f"{m['after_warmup_mb']:.0f} MB at step {last // 2:,}, {m['end_mb']:.0f} MB at the end "
-                    f"(max {m['max_mb']:.0f}) | — | — | no growth |")
+        rows.append(
+            f"| peak RSS of translation training, steps {last // 2:,}–{last:,} (evaluating every 250) | "
+            f"{m['after_warmup_mb']:.0f} MB at step {last // 2:,}, {m['end_mb']:.0f} MB at the end "
+            f"(max {m['max_mb']:.0f}) | — | — | no growth |"
+        )
     if "ddp" in r:
         d = r["ddp"]
-        rows += ["", f"Data-parallel translation training (Multi30k, same size and global batch, {d['steps']} steps "
-                 "each, steady-state tgt tokens/s):", "", "| setup | tgt tokens/s |", "|---|---|"]
+        rows += [
+            "",
+            f"Data-parallel translation training (Multi30k, same size and global batch, {d['steps']} steps "
+            "each, steady-state tgt tokens/s):",
+            "",
+            "| setup | tgt tokens/s |",
+            "|---|---|",
+        ]
         rows += [f"| {name} | {tps:,.0f} |" for name, tps in d["tokens_per_sec"].items()]
         rows += ["", f"Scaling efficiency, 2 processes against 1 (1 thread each): {100 * d['efficiency']:.0f}%."]
     rows.append("")
-    rows.append("Raw medians of each round: " + "; ".join(
-        f"{k}: ours {[round(x) for x in r[k]['ours_all']]}, peer {[round(x) for x in r[k]['peer_all']]}"
-        for k in ("nmt", "bert", "decode") if k in r) + ".")
+    rows.append(
+        "Raw medians of each round: "
+        + "; ".join(
+            f"{k}: ours {[round(x) for x in r[k]['ours_all']]}, peer {[round(x) for x in r[k]['peer_all']]}"
+            for k in ("nmt", "bert", "decode")
+            if k in r
+        )
+        + "."
+    )
     return "\n".join(rows) + "\n"
 
 
@@ -296,10 +409,24 @@ NMT_DATA = ["data.test=null", "train.eval_every=100000", "eval.bleu=false", "tra
 BERT_DATA = ["train.eval_every=100000", "train.save_every=100000"]
 # The data section's runs measure the data path: a small model keeps the steps short on a slow CPU and the data
 # path a larger share of time and memory than at the benchmark size (a stricter test); same vocabulary (8,000).
-DATA_NMT_SIZE = ["model.d_model=64", "model.enc_layers=1", "model.dec_layers=1", "model.heads=2", "model.ffn_dim=128",
-                 "vocab.size=8000", "train.max_tokens=1024"]
-DATA_BERT_SIZE = ["model.d_model=64", "model.layers=1", "model.heads=2", "model.ffn_dim=128", "vocab.size=8000",
-                  "data.max_seq_len=128", "train.batch_size=8"]
+DATA_NMT_SIZE = [
+    "model.d_model=64",
+    "model.enc_layers=1",
+    "model.dec_layers=1",
+    "model.heads=2",
+    "model.ffn_dim=128",
+    "vocab.size=8000",
+    "train.max_tokens=1024",
+]
+DATA_BERT_SIZE = [
+    "model.d_model=64",
+    "model.layers=1",
+    "model.heads=2",
+    "model.ffn_dim=128",
+    "vocab.size=8000",
+    "data.max_seq_len=128",
+    "train.batch_size=8",
+]
 BARE_SPM = """import sys, sentencepiece as spm
 sp = spm.SentencePieceProcessor(model_file=sys.argv[1])
 n = 0
@@ -393,9 +520,14 @@ def timed(cmd: list[str], cwd: Path = ROOT, env: dict | None = None) -> dict:
     process tree's peak summed Rss/Pss (MB) and the 1-minute load average when it started."""
     with tempfile.NamedTemporaryFile("r") as report:
         load = os.getloadavg()[0]
-        proc = subprocess.Popen(["/usr/bin/time", "-f", "%e %M", "-o", report.name, *cmd], cwd=cwd,
-                                env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            ["/usr/bin/time", "-f", "%e %M", "-o", report.name, *cmd],
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         tree = TreeMemory(proc.pid)
         tree.start()
         _, err = proc.communicate()
@@ -403,34 +535,87 @@ def timed(cmd: list[str], cwd: Path = ROOT, env: dict | None = None) -> dict:
         if proc.returncode != 0:
             raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-3000:]}")
         wall, peak_kb = report.read().split()[-2:]
-    return {"wall_s": float(wall), "peak_mb": int(peak_kb) / 1024, "tree_rss_mb": tree.rss,
-            "tree_pss_mb": tree.pss, "load": load}
+    return {
+        "wall_s": float(wall),
+        "peak_mb": int(peak_kb) / 1024,
+        "tree_rss_mb": tree.rss,
+        "tree_pss_mb": tree.pss,
+        "load": load,
+    }
 
 
 def nmt_preprocess(corpus: Path, out: Path, vocab: Path | None = None) -> list[str]:
-    return tcli("preprocess", "--config", "configs/multi30k_en_de.yaml", "--out", str(out), "--quiet",
-                "--set", f"data.dir={corpus}", *overrides(DATA_NMT_SIZE + ["data.test=null"]),
-                *overrides([f"vocab.model={vocab}"] if vocab else []))
+    return tcli(
+        "preprocess",
+        "--config",
+        "configs/multi30k_en_de.yaml",
+        "--out",
+        str(out),
+        "--quiet",
+        "--set",
+        f"data.dir={corpus}",
+        *overrides(DATA_NMT_SIZE + ["data.test=null"]),
+        *overrides([f"vocab.model={vocab}"] if vocab else []),
+    )
 
 
 def nmt_train(folder: Path, out: Path, steps: int, vocab: Path | None = None, log_every: int = 25) -> list[str]:
-    return tcli("train", "--config", "configs/multi30k_en_de.yaml", "--out", str(out), "--quiet",
-                *overrides([f"data.preprocessed={folder}", f"train.max_steps={steps}", f"train.log_every={log_every}",
-                            *DATA_NMT_SIZE, *NMT_DATA, *([f"vocab.model={vocab}"] if vocab else [])]))
+    return tcli(
+        "train",
+        "--config",
+        "configs/multi30k_en_de.yaml",
+        "--out",
+        str(out),
+        "--quiet",
+        *overrides(
+            [
+                f"data.preprocessed={folder}",
+                f"train.max_steps={steps}",
+                f"train.log_every={log_every}",
+                *DATA_NMT_SIZE,
+                *NMT_DATA,
+                *([f"vocab.model={vocab}"] if vocab else []),
+            ]
+        ),
+    )
 
 
 def bert_preprocess(corpus: Path, train: str, out: Path, vocab: Path | None = None) -> list[str]:
-    return tcli("preprocess", "--config", "configs/bert_wikitext2.yaml", "--out", str(out), "--quiet",
-                *overrides([f"data.dir={corpus}", f"data.train={train}", *DATA_BERT_SIZE,
-                            *([f"vocab.model={vocab}"] if vocab else [])]))
+    return tcli(
+        "preprocess",
+        "--config",
+        "configs/bert_wikitext2.yaml",
+        "--out",
+        str(out),
+        "--quiet",
+        *overrides(
+            [f"data.dir={corpus}", f"data.train={train}", *DATA_BERT_SIZE, *([f"vocab.model={vocab}"] if vocab else [])]
+        ),
+    )
 
 
-def bert_train(folder: Path, train: str, out: Path, steps: int, vocab: Path | None = None,
-               log_every: int = 25) -> list[str]:
-    return tcli("pretrain-bert", "--config", "configs/bert_wikitext2.yaml", "--out", str(out), "--quiet",
-                *overrides([f"data.preprocessed={folder}", f"data.train={train}", f"train.max_steps={steps}",
-                            f"train.log_every={log_every}", *DATA_BERT_SIZE, *BERT_DATA,
-                            *([f"vocab.model={vocab}"] if vocab else [])]))
+def bert_train(
+    folder: Path, train: str, out: Path, steps: int, vocab: Path | None = None, log_every: int = 25
+) -> list[str]:
+    return tcli(
+        "pretrain-bert",
+        "--config",
+        "configs/bert_wikitext2.yaml",
+        "--out",
+        str(out),
+        "--quiet",
+        *overrides(
+            [
+                f"data.preprocessed={folder}",
+                f"data.train={train}",
+                f"train.max_steps={steps}",
+                f"train.log_every={log_every}",
+                *DATA_BERT_SIZE,
+                *BERT_DATA,
+                *([f"vocab.model={vocab}"] if vocab else []),
+            ]
+        ),
+    )
 
 
 def first_update(cmd: list[str], run_dir: Path, limit_s: float = 600) -> dict:
@@ -495,12 +680,25 @@ def _cmdline(pid: int) -> bytes:
 def bench_ranks(out: Path, folder: Path, steps: int, vocab: Path | None) -> dict:
     """Two ranks under torchrun (OMP_NUM_THREADS=1) on a preprocessed corpus: memory per rank while training,
     at the sample where the ranks' private memory summed is largest."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           *nmt_train(folder, out, steps, vocab, log_every=10)[1:]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        *nmt_train(folder, out, steps, vocab, log_every=10)[1:],
+    ]
 
     load = os.getloadavg()[0]
-    launcher = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     samples = ranks_memory(launcher, out)
     _, err = launcher.communicate()
     if launcher.returncode != 0 or not samples:
@@ -508,8 +706,7 @@ def bench_ranks(out: Path, folder: Path, steps: int, vocab: Path | None) -> dict
     private = lambda s: s.get("Private_Clean", 0) + s.get("Private_Dirty", 0)  # noqa: E731
     worst = max(samples, key=lambda sample: sum(map(private, sample)))
     bins = {p.name: p.stat().st_size / 2**20 for p in sorted(folder.glob("train.*.bin"))}
-    return {"ranks": worst, "samples": len(samples), "bin_mb": bins, "steps": steps, "load": load,
-            "command": cmd}
+    return {"ranks": worst, "samples": len(samples), "bin_mb": bins, "steps": steps, "load": load, "command": cmd}
 
 
 def train_peak(cmd: list[str], run_dir: Path) -> dict:
@@ -523,8 +720,12 @@ def preprocess_rounds(work: Path, corpus: Path, vocab: Path, rounds: int) -> dic
     """`tcli preprocess` with the vocabulary given against bare sentencepiece on the same lines (train and
     val, both sides), alternating ABBA; the last round's folder is kept in work/p_small."""
     (work / "bare_spm.py").write_text(BARE_SPM)
-    bare = [sys.executable, str(work / "bare_spm.py"), str(vocab),
-            *[str(corpus / f"{s}.{lang}") for s in ("train", "val") for lang in ("en", "de")]]
+    bare = [
+        sys.executable,
+        str(work / "bare_spm.py"),
+        str(vocab),
+        *[str(corpus / f"{s}.{lang}") for s in ("train", "val") for lang in ("en", "de")],
+    ]
     ours, theirs = [], []
     for r in range(rounds):
         folder = work / ("p_small" if r == rounds - 1 else f"p_small{r}")
@@ -536,48 +737,72 @@ def preprocess_rounds(work: Path, corpus: Path, vocab: Path, rounds: int) -> dic
         if folder.name != "p_small":
             shutil.rmtree(folder)
     med = lambda xs: statistics.median(x["wall_s"] for x in xs)  # noqa: E731
-    return {"ours": ours, "bare": theirs, "ours_s": med(ours), "bare_s": med(theirs),
-            "ratio": med(ours) / med(theirs), "command": nmt_preprocess(corpus, work / "p_small", vocab),
-            "bare_command": bare}
+    return {
+        "ours": ours,
+        "bare": theirs,
+        "ours_s": med(ours),
+        "bare_s": med(theirs),
+        "ratio": med(ours) / med(theirs),
+        "command": nmt_preprocess(corpus, work / "p_small", vocab),
+        "bare_command": bare,
+    }
 
 
 def bench_data_nmt(work: Path, corpora: dict[str, Path], small: str, large: str, a: argparse.Namespace) -> dict:
     r: dict = {}
     for name in (small, large):  # vocabulary trained from the corpus: the whole of tcli preprocess
-        r[f"vocab_{name}"] = {**timed(nmt_preprocess(corpora[name], work / f"pv_{name}")),
-                              "command": nmt_preprocess(corpora[name], work / f"pv_{name}")}
+        r[f"vocab_{name}"] = {
+            **timed(nmt_preprocess(corpora[name], work / f"pv_{name}")),
+            "command": nmt_preprocess(corpora[name], work / f"pv_{name}"),
+        }
     vocab = work / f"pv_{small}" / "vocab" / "joint.model"
     r["rounds"] = preprocess_rounds(work, corpora[small], vocab, a.data_rounds)
-    r["plain"] = {**timed(nmt_preprocess(MULTI30K, work / "p_plain", vocab)),
-                  "command": nmt_preprocess(MULTI30K, work / "p_plain", vocab)}
+    r["plain"] = {
+        **timed(nmt_preprocess(MULTI30K, work / "p_plain", vocab)),
+        "command": nmt_preprocess(MULTI30K, work / "p_plain", vocab),
+    }
     cmd = nmt_train(work / "p_small", work / "first_nmt", a.data_steps, vocab, log_every=1)
     r["first"] = {**first_update(cmd, work / "first_nmt"), "command": cmd}
     runs = {"plain": (work / "p_plain", vocab), small: (work / "p_small", vocab), large: (work / f"pv_{large}", None)}
     for name, (folder, v) in runs.items():
         out = work / f"steps_{name}"
         r[f"steps_{name}"] = train_peak(nmt_train(folder, out, a.data_steps, v), out)
-    r["ddp"] = {name: bench_ranks(work / f"ddp_{name}", folder, a.data_ddp_steps, v)
-                for name, (folder, v) in (("plain", runs["plain"]), (large, runs[large]))}
-    r["bin_mb"] = {name: sum(p.stat().st_size for p in (work / folder).glob("train.*.bin")) / 2**20
-                   for name, folder in (("plain", "p_plain"), (small, "p_small"), (large, f"pv_{large}"))}
+    r["ddp"] = {
+        name: bench_ranks(work / f"ddp_{name}", folder, a.data_ddp_steps, v)
+        for name, (folder, v) in (("plain", runs["plain"]), (large, runs[large]))
+    }
+    r["bin_mb"] = {
+        name: sum(p.stat().st_size for p in (work / folder).glob("train.*.bin")) / 2**20
+        for name, folder in (("plain", "p_plain"), (small, "p_small"), (large, f"pv_{large}"))
+    }
     return r
 
 
 def bench_data_bert(work: Path, corpus: Path, a: argparse.Namespace) -> dict:
-    r: dict = {"vocab": {**timed(bert_preprocess(corpus, "train.txt", work / "pb_large")),
-                         "command": bert_preprocess(corpus, "train.txt", work / "pb_large")}}
+    r: dict = {
+        "vocab": {
+            **timed(bert_preprocess(corpus, "train.txt", work / "pb_large")),
+            "command": bert_preprocess(corpus, "train.txt", work / "pb_large"),
+        }
+    }
     vocab = work / "pb_large" / "vocab" / "bert.model"
-    r["plain"] = {**timed(bert_preprocess(WIKITEXT2, "test.txt", work / "pb_plain", vocab)),
-                  "command": bert_preprocess(WIKITEXT2, "test.txt", work / "pb_plain", vocab)}
+    r["plain"] = {
+        **timed(bert_preprocess(WIKITEXT2, "test.txt", work / "pb_plain", vocab)),
+        "command": bert_preprocess(WIKITEXT2, "test.txt", work / "pb_plain", vocab),
+    }
     cmd = bert_train(work / "pb_large", "train.txt", work / "first_bert", a.data_steps, log_every=1)
     r["first"] = {**first_update(cmd, work / "first_bert"), "command": cmd}
-    for name, (folder, train, v) in {"plain": (work / "pb_plain", "test.txt", vocab),
-                                     "large": (work / "pb_large", "train.txt", None)}.items():
+    for name, (folder, train, v) in {
+        "plain": (work / "pb_plain", "test.txt", vocab),
+        "large": (work / "pb_large", "train.txt", None),
+    }.items():
         out = work / f"bsteps_{name}"
         r[f"steps_{name}"] = train_peak(bert_train(folder, train, out, a.data_steps, v), out)
     r["words"] = len((corpus / "train.txt").read_bytes().split())
-    r["bin_mb"] = {name: (work / folder / "train.text.bin").stat().st_size / 2**20
-                   for name, folder in (("plain", "pb_plain"), ("large", "pb_large"))}
+    r["bin_mb"] = {
+        name: (work / folder / "train.text.bin").stat().st_size / 2**20
+        for name, folder in (("plain", "pb_plain"), ("large", "pb_large"))
+    }
     return r
 
 
@@ -591,8 +816,11 @@ def bench_regression(work: Path, commit: str, rounds: int, steps: int) -> dict:
     old = work / "old_tree"
     run(["git", "worktree", "add", "--detach", str(old), commit])
     try:
-        where = run([sys.executable, "-c", "import transformer_cli; print(transformer_cli.__file__)"],
-                    env={"PYTHONPATH": str(old)}, cwd=old).stdout.strip()
+        where = run(
+            [sys.executable, "-c", "import transformer_cli; print(transformer_cli.__file__)"],
+            env={"PYTHONPATH": str(old)},
+            cwd=old,
+        ).stdout.strip()
         if not where.startswith(str(old)):
             raise SystemExit(f"the old tree's transformer_cli did not load (got {where})")
         tps: dict[str, list[float]] = {"old": [], "new": []}
@@ -601,28 +829,45 @@ def bench_regression(work: Path, commit: str, rounds: int, steps: int) -> dict:
             for side in ("old", "new") if r % 2 == 0 else ("new", "old"):
                 out = work / f"reg_{side}{r}"
                 tree, env = (old, {"PYTHONPATH": str(old)}) if side == "old" else (ROOT, None)
-                run(tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", str(out)),
-                    env=env, cwd=tree)
+                run(
+                    tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", str(out)),
+                    env=env,
+                    cwd=tree,
+                )
                 tps[side].append(steady(out, "tgt_tokens_per_sec"))
-                quick[side].append(timed(QUICKSTART + ["--out", str(work / f"quick_{side}{r}")], cwd=tree,
-                                         env=env)["wall_s"])
+                quick[side].append(
+                    timed(QUICKSTART + ["--out", str(work / f"quick_{side}{r}")], cwd=tree, env=env)["wall_s"]
+                )
     finally:
         run(["git", "worktree", "remove", "--force", str(old)])
-    return {"commit": commit, "old": tps["old"], "new": tps["new"], "steps": steps,
-            "ratio": statistics.median(tps["new"]) / statistics.median(tps["old"]),
-            "command": tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", "RUN"),
-            "quick_old": quick["old"], "quick_new": quick["new"],
-            "quick_ratio": statistics.median(quick["new"]) / statistics.median(quick["old"]),
-            "quick_command": QUICKSTART + ["--out", "RUN"]}
+    return {
+        "commit": commit,
+        "old": tps["old"],
+        "new": tps["new"],
+        "steps": steps,
+        "ratio": statistics.median(tps["new"]) / statistics.median(tps["old"]),
+        "command": tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", "RUN"),
+        "quick_old": quick["old"],
+        "quick_new": quick["new"],
+        "quick_ratio": statistics.median(quick["new"]) / statistics.median(quick["old"]),
+        "quick_command": QUICKSTART + ["--out", "RUN"],
+    }
 
 
 def bench_data(work: Path, a: argparse.Namespace) -> dict:
     small, large = (f"m30k_x{s}" for s in a.data_scales)
     root = a.data_root or work / "corpora"
     corpora = build_corpora(root, list(a.data_scales), a.wiki_scale)
-    r = {"work": str(work), "data_steps": a.data_steps, "root": str(root), "scales": list(a.data_scales),
-         "small": small, "large": large,
-         "wiki_scale": a.wiki_scale, "uptime_start": uptime()}
+    r = {
+        "work": str(work),
+        "data_steps": a.data_steps,
+        "root": str(root),
+        "scales": list(a.data_scales),
+        "small": small,
+        "large": large,
+        "wiki_scale": a.wiki_scale,
+        "uptime_start": uptime(),
+    }
     r["pairs"] = {name: sum(1 for _ in open(corpora[name] / "train.en", "rb")) for name in (small, large)}
     r["nmt"] = bench_data_nmt(work, corpora, small, large, a)
     r["bert"] = bench_data_bert(work, corpora[f"wiki_x{a.wiki_scale}"], a)
@@ -641,8 +886,12 @@ def shown(cmd: list[str], work: Path, root: Path) -> str:
     import shlex
 
     text = shlex.join(["python" if c == sys.executable else c for c in cmd])
-    return (text.replace(str(root), "$DATA").replace(str(work), "$TMP").replace(str(SHARED), "../shared")
-            .replace(str(ROOT) + "/", ""))
+    return (
+        text.replace(str(root), "$DATA")
+        .replace(str(work), "$TMP")
+        .replace(str(SHARED), "../shared")
+        .replace(str(ROOT) + "/", "")
+    )
 
 
 def verdict(ok: bool) -> str:
@@ -661,65 +910,86 @@ def data_rows(r: dict, cite: Callable[[dict | list], str]) -> list[str]:
         f"{rounds['ours_s']:.1f} s against {rounds['bare_s']:.1f} s = **{rounds['ratio']:.2f}×** (tcli "
         f"{[round(x['wall_s'], 1) for x in rounds['ours']]}, bare {[round(x['wall_s'], 1) for x in rounds['bare']]}; "
         f"load {rounds['ours'][0]['load']:.1f}) | {cite(rounds['command'])} vs {cite(rounds['bare_command'])} | "
-        f"≤ 1.3× | {verdict(rounds['ratio'] <= 1.3)} |"]
+        f"≤ 1.3× | {verdict(rounds['ratio'] <= 1.3)} |"
+    ]
     for name, x in ((small, vs), (large, vl)):
         ok = verdict(peak(x) <= 2048)
         if name != small:
             ok += f"; not growing: {verdict(peak(x) <= 1.1 * peak(vs))}"
-        rows.append(f"| preprocess {pairs[name]}, vocabulary trained (all of tcli preprocess): wall time, peak RSS "
-                    f"(`time` %M; the whole process tree, summed Rss) | {x['wall_s']:.0f} s, **{gb(x['peak_mb'])}** "
-                    f"(tree: Rss {gb(x['tree_rss_mb'])}, Pss {gb(x['tree_pss_mb'])}; load {x['load']:.1f}) | "
-                    f"{cite(x['command'])} | ≤ 2 GB"
-                    + (", not growing with the corpus" if name == large else "")
-                    + f" | {ok} |")
+        rows.append(
+            f"| preprocess {pairs[name]}, vocabulary trained (all of tcli preprocess): wall time, peak RSS "
+            f"(`time` %M; the whole process tree, summed Rss) | {x['wall_s']:.0f} s, **{gb(x['peak_mb'])}** "
+            f"(tree: Rss {gb(x['tree_rss_mb'])}, Pss {gb(x['tree_pss_mb'])}; load {x['load']:.1f}) | "
+            f"{cite(x['command'])} | ≤ 2 GB" + (", not growing with the corpus" if name == large else "") + f" | {ok} |"
+        )
     given = max(rounds["ours"], key=lambda x: x["peak_mb"])
-    rows.append(f"| preprocess {pairs[small]}, vocabulary given: peak RSS (largest of the rounds) | "
-                f"{gb(given['peak_mb'])} (tree {gb(given['tree_rss_mb'])}) | {cite(rounds['command'])} | — | — |")
-    rows.append(f"| preprocess Multi30k (29,000 pairs), vocabulary given | {pl['wall_s']:.1f} s, {gb(pl['peak_mb'])} | "
-                f"{cite(pl['command'])} | — | — |")
+    rows.append(
+        f"| preprocess {pairs[small]}, vocabulary given: peak RSS (largest of the rounds) | "
+        f"{gb(given['peak_mb'])} (tree {gb(given['tree_rss_mb'])}) | {cite(rounds['command'])} | — | — |"
+    )
+    rows.append(
+        f"| preprocess Multi30k (29,000 pairs), vocabulary given | {pl['wall_s']:.1f} s, {gb(pl['peak_mb'])} | "
+        f"{cite(pl['command'])} | — | — |"
+    )
     f = n["first"]
-    rows.append(f"| from the preprocessed {pairs[small]}: command start to the end of the first update | "
-                f"**{f['seconds']:.1f} s** (load {f['load']:.1f}) | {cite(f['command'])} | ≤ 10 s | "
-                f"{verdict(f['seconds'] <= 10)} |")
+    rows.append(
+        f"| from the preprocessed {pairs[small]}: command start to the end of the first update | "
+        f"**{f['seconds']:.1f} s** (load {f['load']:.1f}) | {cite(f['command'])} | ≤ 10 s | "
+        f"{verdict(f['seconds'] <= 10)} |"
+    )
     base = n["steps_plain"]
     for name in (small, large):
         x = n[f"steps_{name}"]
         ratio = x["peak_mb"] / base["peak_mb"]
-        rows.append(f"| {r['data_steps']} training steps from the preprocessed {pairs[name]} against plain Multi30k: "
-                    f"peak RSS | {x['peak_mb']:,.0f} MB against {base['peak_mb']:,.0f} MB = **{ratio:.2f}×** "
-                    f"({x['wall_s']:.0f} s and {base['wall_s']:.0f} s) | {cite(x['command'])} vs "
-                    f"{cite(base['command'])} | within 15% | {verdict(ratio <= 1.15)} |")
+        rows.append(
+            f"| {r['data_steps']} training steps from the preprocessed {pairs[name]} against plain Multi30k: "
+            f"peak RSS | {x['peak_mb']:,.0f} MB against {base['peak_mb']:,.0f} MB = **{ratio:.2f}×** "
+            f"({x['wall_s']:.0f} s and {base['wall_s']:.0f} s) | {cite(x['command'])} vs "
+            f"{cite(base['command'])} | within 15% | {verdict(ratio <= 1.15)} |"
+        )
     bv, bp, bf = b["vocab"], b["plain"], b["first"]
     words = f"{b['words'] / 1e6:.1f}M words"
-    rows.append(f"| preprocess WikiText-2 ×{r['wiki_scale']} ({words}) for BERT, vocabulary trained: wall time, "
-                f"peak RSS | {bv['wall_s']:.0f} s, **{gb(bv['peak_mb'])}** (tree: Rss {gb(bv['tree_rss_mb'])}, Pss "
-                f"{gb(bv['tree_pss_mb'])}; load {bv['load']:.1f}) | {cite(bv['command'])} | ≤ 2 GB | "
-                f"{verdict(peak(bv) <= 2048)} |")
-    rows.append(f"| preprocess WikiText-2 (test.txt) for BERT, vocabulary given | {bp['wall_s']:.1f} s, "
-                f"{gb(bp['peak_mb'])} | {cite(bp['command'])} | — | — |")
-    rows.append(f"| BERT from the preprocessed {words}: command start to the end of the first update | "
-                f"**{bf['seconds']:.1f} s** (load {bf['load']:.1f}) | {cite(bf['command'])} | ≤ 15 s | "
-                f"{verdict(bf['seconds'] <= 15)} |")
+    rows.append(
+        f"| preprocess WikiText-2 ×{r['wiki_scale']} ({words}) for BERT, vocabulary trained: wall time, "
+        f"peak RSS | {bv['wall_s']:.0f} s, **{gb(bv['peak_mb'])}** (tree: Rss {gb(bv['tree_rss_mb'])}, Pss "
+        f"{gb(bv['tree_pss_mb'])}; load {bv['load']:.1f}) | {cite(bv['command'])} | ≤ 2 GB | "
+        f"{verdict(peak(bv) <= 2048)} |"
+    )
+    rows.append(
+        f"| preprocess WikiText-2 (test.txt) for BERT, vocabulary given | {bp['wall_s']:.1f} s, "
+        f"{gb(bp['peak_mb'])} | {cite(bp['command'])} | — | — |"
+    )
+    rows.append(
+        f"| BERT from the preprocessed {words}: command start to the end of the first update | "
+        f"**{bf['seconds']:.1f} s** (load {bf['load']:.1f}) | {cite(bf['command'])} | ≤ 15 s | "
+        f"{verdict(bf['seconds'] <= 15)} |"
+    )
     x, base = b["steps_large"], b["steps_plain"]
     ratio = x["peak_mb"] / base["peak_mb"]
-    rows.append(f"| {r['data_steps']} BERT steps from the preprocessed {words} against WikiText-2: peak RSS | "
-                f"{x['peak_mb']:,.0f} MB against {base['peak_mb']:,.0f} MB = **{ratio:.2f}×** | {cite(x['command'])} "
-                f"vs {cite(base['command'])} | within 15% | {verdict(ratio <= 1.15)} |")
+    rows.append(
+        f"| {r['data_steps']} BERT steps from the preprocessed {words} against WikiText-2: peak RSS | "
+        f"{x['peak_mb']:,.0f} MB against {base['peak_mb']:,.0f} MB = **{ratio:.2f}×** | {cite(x['command'])} "
+        f"vs {cite(base['command'])} | within 15% | {verdict(ratio <= 1.15)} |"
+    )
     g = r["regression"]
     spread = max(max(g[k]) / min(g[k]) for k in ("old", "new"))  # the same code's rounds: the machine's noise
     noisy = f"not resolved: rounds of the same code differ by {spread:.1f}×" if spread > 1.2 else None
     regression = noisy or verdict(g["ratio"] >= 0.95)
-    rows.append(f"| no regression: translation training tgt tokens/s, {g['steps']} steps on Multi30k text, commit "
-                f"{g['commit']} against this tree, alternating | {statistics.median(g['old']):,.0f} → "
-                f"{statistics.median(g['new']):,.0f} = **{g['ratio']:.2f}×** (old {[round(v) for v in g['old']]}, new "
-                f"{[round(v) for v in g['new']]}) | {cite(g['command'])} | ≥ 0.95× | {regression} |")
+    rows.append(
+        f"| no regression: translation training tgt tokens/s, {g['steps']} steps on Multi30k text, commit "
+        f"{g['commit']} against this tree, alternating | {statistics.median(g['old']):,.0f} → "
+        f"{statistics.median(g['new']):,.0f} = **{g['ratio']:.2f}×** (old {[round(v) for v in g['old']]}, new "
+        f"{[round(v) for v in g['new']]}) | {cite(g['command'])} | ≥ 0.95× | {regression} |"
+    )
     spread = max(max(g[k]) / min(g[k]) for k in ("quick_old", "quick_new"))
     noisy = f"not resolved: rounds of the same code differ by {spread:.1f}×" if spread > 1.2 else None
-    rows.append(f"| no regression: `tcli train --config configs/quickstart.yaml` wall time, commit {g['commit']} "
-                f"against this tree, alternating | {statistics.median(g['quick_old']):.0f} s → "
-                f"{statistics.median(g['quick_new']):.0f} s = **{g['quick_ratio']:.2f}×** (old "
-                f"{[round(v) for v in g['quick_old']]}, new {[round(v) for v in g['quick_new']]}) | "
-                f"{cite(g['quick_command'])} | ≤ 1.05× | {noisy or verdict(g['quick_ratio'] <= 1.05)} |")
+    rows.append(
+        f"| no regression: `tcli train --config configs/quickstart.yaml` wall time, commit {g['commit']} "
+        f"against this tree, alternating | {statistics.median(g['quick_old']):.0f} s → "
+        f"{statistics.median(g['quick_new']):.0f} s = **{g['quick_ratio']:.2f}×** (old "
+        f"{[round(v) for v in g['quick_old']]}, new {[round(v) for v in g['quick_new']]}) | "
+        f"{cite(g['quick_command'])} | ≤ 1.05× | {noisy or verdict(g['quick_ratio'] <= 1.05)} |"
+    )
     return rows
 
 
@@ -729,25 +999,34 @@ def ranks_rows(runs: dict[str, dict], cite: Callable[[dict | list], str]) -> lis
     (_, control), (name, large) = runs.items()
     corpus = sum(large["bin_mb"].values())
     private = lambda s: s["Private_Clean"] + s["Private_Dirty"]  # noqa: E731
-    rows = [f"Two ranks under torchrun, {large['steps']} steps each, `OMP_NUM_THREADS=1`, on plain Multi30k "
-            f"({cite(control['command'])}) and on the {name} corpus ({cite(large['command'])}): each rank's "
-            "/proc/PID/smaps_rollup while training, at the sample (taken once a second) where the ranks' private "
-            "memory summed is largest; \"corpus mapping\" is the rank's mappings of the train.*.bin files "
-            "(/proc/PID/smaps).", "",
-            "| corpus (train.*.bin) | rank | Rss | Pss | Private_Clean + Private_Dirty | Shared_Clean + Shared_Dirty | "
-            "Anonymous | corpus mapping: Rss (of it private) |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        f"Two ranks under torchrun, {large['steps']} steps each, `OMP_NUM_THREADS=1`, on plain Multi30k "
+        f"({cite(control['command'])}) and on the {name} corpus ({cite(large['command'])}): each rank's "
+        "/proc/PID/smaps_rollup while training, at the sample (taken once a second) where the ranks' private "
+        'memory summed is largest; "corpus mapping" is the rank\'s mappings of the train.*.bin files '
+        "(/proc/PID/smaps).",
+        "",
+        "| corpus (train.*.bin) | rank | Rss | Pss | Private_Clean + Private_Dirty | Shared_Clean + Shared_Dirty | "
+        "Anonymous | corpus mapping: Rss (of it private) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for label, d in runs.items():
         for i, s in enumerate(d["ranks"]):
             m, shared, anon = s["bin"], s["Shared_Clean"] + s["Shared_Dirty"], s.get("Anonymous", 0)
-            rows.append(f"| {label} ({sum(d['bin_mb'].values()):,.1f} MB) | {i} | {s['Rss']:,.0f} MB | "
-                        f"{s['Pss']:,.0f} MB | {private(s):,.0f} MB | {shared:,.0f} MB | {anon:,.0f} MB"
-                        f" | {m.get('Rss', 0):,.1f} MB ({m.get('Private_Clean', 0) + m.get('Private_Dirty', 0):,.1f} "
-                        "MB) |")
+            rows.append(
+                f"| {label} ({sum(d['bin_mb'].values()):,.1f} MB) | {i} | {s['Rss']:,.0f} MB | "
+                f"{s['Pss']:,.0f} MB | {private(s):,.0f} MB | {shared:,.0f} MB | {anon:,.0f} MB"
+                f" | {m.get('Rss', 0):,.1f} MB ({m.get('Private_Clean', 0) + m.get('Private_Dirty', 0):,.1f} "
+                "MB) |"
+            )
     grown = sum(map(private, large["ranks"])) - sum(map(private, control["ranks"]))
-    rows += ["", f"The two ranks' private memory summed: {sum(map(private, large['ranks'])):,.0f} MB on the {name} "
-             f"corpus against {sum(map(private, control['ranks'])):,.0f} MB on Multi30k, {grown:+,.0f} MB for a "
-             f"corpus of {corpus:,.0f} MB (two copies: {2 * corpus:,.0f} MB): {verdict(grown < corpus)} (target: "
-             "the private memory does not hold two copies of the corpus)."]
+    rows += [
+        "",
+        f"The two ranks' private memory summed: {sum(map(private, large['ranks'])):,.0f} MB on the {name} "
+        f"corpus against {sum(map(private, control['ranks'])):,.0f} MB on Multi30k, {grown:+,.0f} MB for a "
+        f"corpus of {corpus:,.0f} MB (two copies: {2 * corpus:,.0f} MB): {verdict(grown < corpus)} (target: "
+        "the private memory does not hold two copies of the corpus).",
+    ]
     return rows
 
 
@@ -761,16 +1040,25 @@ def data_table(r: dict, head: dict) -> str:
             commands.append(text)
         return f"[{commands.index(text) + 1}]"
 
-    rows = [f"Machine: {describe(head['machine'])}. Run: `{head['command']}` ({head['date']}; "
-            f"{r['uptime_start']} at the start, {r['uptime_end']} at the end: the machine is shared). "
-            f"$TMP is the benchmark's temporary folder, "
-            f"$DATA the replicated corpora's ({', '.join(f'{k}: {v:,} pairs' for k, v in r['pairs'].items())}). "
-            f"Training runs use a small model, to keep the steps short on this CPU and the data path a large share "
-            f"of time and memory: translation `{' '.join(DATA_NMT_SIZE)}`, BERT `{' '.join(DATA_BERT_SIZE)}`; "
-            f"no evaluation during the runs and no test split (`{' '.join(NMT_DATA)}`; BERT "
-            f"`{' '.join(BERT_DATA)}`), one validation at the end.", "",
-            "| what | measured | command | target | |", "|---|---|---|---|---|", *data_rows(r, cite), "",
-            *ranks_rows(r["nmt"]["ddp"], cite), "", "Commands:", ""]
+    rows = [
+        f"Machine: {describe(head['machine'])}. Run: `{head['command']}` ({head['date']}; "
+        f"{r['uptime_start']} at the start, {r['uptime_end']} at the end: the machine is shared). "
+        f"$TMP is the benchmark's temporary folder, "
+        f"$DATA the replicated corpora's ({', '.join(f'{k}: {v:,} pairs' for k, v in r['pairs'].items())}). "
+        f"Training runs use a small model, to keep the steps short on this CPU and the data path a large share "
+        f"of time and memory: translation `{' '.join(DATA_NMT_SIZE)}`, BERT `{' '.join(DATA_BERT_SIZE)}`; "
+        f"no evaluation during the runs and no test split (`{' '.join(NMT_DATA)}`; BERT "
+        f"`{' '.join(BERT_DATA)}`), one validation at the end.",
+        "",
+        "| what | measured | command | target | |",
+        "|---|---|---|---|---|",
+        *data_rows(r, cite),
+        "",
+        *ranks_rows(r["nmt"]["ddp"], cite),
+        "",
+        "Commands:",
+        "",
+    ]
     rows += [f"{i}. `{text}`" for i, text in enumerate(commands, 1)]
     rows += ["", "$TMP/bare_spm.py:", "", "```python", BARE_SPM.rstrip(), "```"]
     return "\n".join(rows) + "\n"
@@ -786,8 +1074,12 @@ def main() -> None:
     p.add_argument("--ddp-steps", type=int, default=150)
     p.add_argument("--nmt-checkpoint", type=Path, help="a trained Multi30k model for the decoding benchmark")
     p.add_argument("--write", type=Path, help="replace the sections that ran between their markers in this file")
-    p.add_argument("--data-scales", type=lambda t: tuple(map(int, t.split(","))), default=(35, 155),
-                   help="data: Multi30k's train split replicated this many times, the smaller and the larger corpus")
+    p.add_argument(
+        "--data-scales",
+        type=lambda t: tuple(map(int, t.split(","))),
+        default=(35, 155),
+        help="data: Multi30k's train split replicated this many times, the smaller and the larger corpus",
+    )
     p.add_argument("--wiki-scale", type=int, default=100, help="data: WikiText-2 test+valid replicated this many times")
     p.add_argument("--data-root", type=Path, help="data: build (and keep) the replicated corpora here")
     p.add_argument("--data-rounds", type=int, default=2, help="data: alternating rounds of the side-by-side timings")
@@ -797,15 +1089,20 @@ def main() -> None:
     p.add_argument("--regression-steps", type=int, default=200)
     a = p.parse_args()
     only = set(a.only.split(","))
-    result = {"machine": machine(), "command": "python scripts/benchmark.py " + " ".join(sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%d")}
+    result = {
+        "machine": machine(),
+        "command": "python scripts/benchmark.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+    }
     dtype = result["machine"]["precision"]
     print(f"machine: {result['machine']['key']}; precision auto = {dtype} (the peers run in {dtype})", file=sys.stderr)
     speed = only & {"nmt", "bert", "decode", "memory", "ddp"}
     if speed:  # the speed table's reference; bf16 only where the CPU multiplies it natively (elsewhere one
         # emulated 2048² bf16 matmul takes minutes: 150 s on a 2-core AVX2 EPYC)
-        result |= {"peak_fp32": matmul_peak(torch.float32),
-                   "peak_bf16": matmul_peak(torch.bfloat16) if dtype == "bf16" else None}
+        result |= {
+            "peak_fp32": matmul_peak(torch.float32),
+            "peak_bf16": matmul_peak(torch.bfloat16) if dtype == "bf16" else None,
+        }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "data" in only:  # first, while nothing else of ours has warmed the machine or filled the page cache
@@ -865,8 +1162,15 @@ def add_machine_section(doc: str, m: dict) -> str:
     return doc[:anchor] + block + doc[anchor:]
 
 
-MACHINE_COLUMNS = ("machine (CPU [ISA flags])", "precision", "translation training", "BERT training", "beam search",
-                   "MFU translation / BERT", "measured")
+MACHINE_COLUMNS = (
+    "machine (CPU [ISA flags])",
+    "precision",
+    "translation training",
+    "BERT training",
+    "beam search",
+    "MFU translation / BERT",
+    "measured",
+)
 
 
 def update_machine_row(doc: str, r: dict) -> str:

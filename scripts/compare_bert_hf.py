@@ -28,8 +28,21 @@ COMMON = ["train.schedule=inverse_sqrt", "train.max_steps=1000000", "train.eval_
 
 
 def run_ours(config: Path, data_dir: Path, minutes: float, out: Path) -> list[dict]:
-    cmd = [sys.executable, "-m", "transformer_cli", "pretrain-bert", "--config", str(config), "--out", str(out),
-           "--quiet", "--set", f"data.dir={data_dir}", "--set", f"train.max_minutes={minutes}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "transformer_cli",
+        "pretrain-bert",
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+        "--quiet",
+        "--set",
+        f"data.dir={data_dir}",
+        "--set",
+        f"train.max_minutes={minutes}",
+    ]
     for pair in COMMON:
         cmd += ["--set", pair]
     subprocess.run(cmd, cwd=ROOT, check=True)
@@ -68,9 +81,13 @@ def run_hf(config: Path, data_dir: Path, minutes: float, out: Path, vocab_path: 
         for spec in task.epoch_batches(epoch):
             b = task.make_batch(spec, epoch)
             with autocast:
-                loss = model(input_ids=b.input_ids, token_type_ids=b.segment_ids,
-                             attention_mask=b.input_ids.ne(0).long(), labels=b.mlm_labels,
-                             next_sentence_label=b.nsp_labels).loss
+                loss = model(
+                    input_ids=b.input_ids,
+                    token_type_ids=b.segment_ids,
+                    attention_mask=b.input_ids.ne(0).long(),
+                    labels=b.mlm_labels,
+                    next_sentence_label=b.nsp_labels,
+                ).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
             opt.step()
@@ -79,8 +96,14 @@ def run_hf(config: Path, data_dir: Path, minutes: float, out: Path, vocab_path: 
             step += 1
             out_of_time = time.perf_counter() - start >= 60 * minutes
             if step % t.eval_every == 0 or out_of_time:
-                evals.append({"event": "eval", "step": step, **evaluate_hf(model, task, autocast),
-                              "wall_s": round(time.perf_counter() - start, 1)})
+                evals.append(
+                    {
+                        "event": "eval",
+                        "step": step,
+                        **evaluate_hf(model, task, autocast),
+                        "wall_s": round(time.perf_counter() - start, 1),
+                    }
+                )
                 print(json.dumps(evals[-1]), flush=True)
             if out_of_time:
                 (out / "hf.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
@@ -111,16 +134,22 @@ def evaluate_hf(model, task, autocast) -> dict:
         sums["nsp"] += b.nsp_labels.numel()
     model.train()
     mlm_loss = sums["loss"] / sums["mlm"]
-    return {"mlm_loss": mlm_loss, "mlm_acc": sums["mlm_ok"] / sums["mlm"], "nsp_acc": sums["nsp_ok"] / sums["nsp"],
-            "ppl": math.exp(mlm_loss)}
+    return {
+        "mlm_loss": mlm_loss,
+        "mlm_acc": sums["mlm_ok"] / sums["mlm"],
+        "nsp_acc": sums["nsp_ok"] / sums["nsp"],
+        "ppl": math.exp(mlm_loss),
+    }
 
 
 def table(ours: list[dict], hf: list[dict]) -> str:
     rows = ["| system | step | wall time | MLM acc | NSP acc | perplexity |", "|---|---|---|---|---|---|"]
     for name, evals in (("tcli", ours), ("HF BertForPreTraining", hf)):
         for e in evals:
-            rows.append(f"| {name} | {e['step']:,} | {e['wall_s'] / 60:.1f} min | {e['mlm_acc']:.3f} | "
-                        f"{e['nsp_acc']:.3f} | {e['ppl']:.1f} |")
+            rows.append(
+                f"| {name} | {e['step']:,} | {e['wall_s'] / 60:.1f} min | {e['mlm_acc']:.3f} | "
+                f"{e['nsp_acc']:.3f} | {e['ppl']:.1f} |"
+            )
     return "\n".join(rows) + "\n"
 
 

@@ -28,8 +28,11 @@ from transformer_cli.translate import Translator
 
 def max_log_prob_diff(model, translator, src_vocab, tgt_vocab, sources, references) -> float:
     src_ids, tgt_ids = src_vocab.encode(sources), tgt_vocab.encode(references)
-    scored = translator.score_batch([[src_vocab.sp.id_to_piece(i) for i in s] for s in src_ids],
-                                    [[tgt_vocab.sp.id_to_piece(i) for i in t] for t in tgt_ids], max_batch_size=64)
+    scored = translator.score_batch(
+        [[src_vocab.sp.id_to_piece(i) for i in s] for s in src_ids],
+        [[tgt_vocab.sp.id_to_piece(i) for i in t] for t in tgt_ids],
+        max_batch_size=64,
+    )
     worst = 0.0
     with torch.inference_mode():
         for s, t, result in zip(src_ids, tgt_ids, scored):
@@ -48,9 +51,13 @@ def ct2_translate(translator, src_vocab, tgt_vocab, sources, opts: DecodeOptions
         groups[min(int(opts.max_len_a * (len(s) + 1) + opts.max_len_b), limit)].append(i)
     out: list[list[str]] = [[] for _ in sources]
     for budget, rows in groups.items():
-        results = translator.translate_batch([[src_vocab.sp.id_to_piece(t) for t in ids[i]] for i in rows],
-                                             beam_size=opts.beam, length_penalty=opts.lenpen,
-                                             max_decoding_length=budget - 1, max_batch_size=64)
+        results = translator.translate_batch(
+            [[src_vocab.sp.id_to_piece(t) for t in ids[i]] for i in rows],
+            beam_size=opts.beam,
+            length_penalty=opts.lenpen,
+            max_decoding_length=budget - 1,
+            max_batch_size=64,
+        )
         for i, r in zip(rows, results):
             out[i] = r.hypotheses[0]
     tokens = sum(len(h) + 1 for h in out)
@@ -83,17 +90,30 @@ def main() -> None:
     tcli = Translator.from_checkpoint(args.checkpoint, "cpu", "fp32")
     t0 = time.perf_counter()
     ours = [h[0][0] for h in tcli.translate(sources, opts)]
-    report["tcli_fp32"] = {"seconds": time.perf_counter() - t0, "tokens": tcli.decoded_tokens,
-                           "bleu": bleu(ours, references)[0]}
+    report["tcli_fp32"] = {
+        "seconds": time.perf_counter() - t0,
+        "tokens": tcli.decoded_tokens,
+        "bleu": bleu(ours, references)[0],
+    }
     runs = [("ct2_fp32", fp32)]
     if args.ct2_int8:
-        runs.append(("ct2_int8", ctranslate2.Translator(str(args.ct2_int8), device="cpu", compute_type="int8",
-                                                        intra_threads=args.threads)))
+        runs.append(
+            (
+                "ct2_int8",
+                ctranslate2.Translator(
+                    str(args.ct2_int8), device="cpu", compute_type="int8", intra_threads=args.threads
+                ),
+            )
+        )
     for name, translator in runs:
         t0 = time.perf_counter()
         theirs, tokens = ct2_translate(translator, src_vocab, tgt_vocab, sources, opts, limit)
-        report[name] = {"seconds": time.perf_counter() - t0, "tokens": tokens, "bleu": bleu(theirs, references)[0],
-                        "identical_to_tcli": sum(a == b for a, b in zip(ours, theirs)) / len(sources)}
+        report[name] = {
+            "seconds": time.perf_counter() - t0,
+            "tokens": tokens,
+            "bleu": bleu(theirs, references)[0],
+            "identical_to_tcli": sum(a == b for a, b in zip(ours, theirs)) / len(sources),
+        }
     for key in ("tcli_fp32", "ct2_fp32", "ct2_int8"):
         if key in report:
             report[key]["tokens_per_sec"] = report[key]["tokens"] / report[key]["seconds"]

@@ -34,10 +34,15 @@ def section_table(run: type[BaseModel], title: str) -> str:
 
 
 def reference() -> str:
-    return "\n\n".join([
-        section_table(TranslationRunConfig, "`tcli train` (translation)"),
-        section_table(BertRunConfig, "`tcli pretrain-bert` (BERT)"),
-    ]) + "\n"
+    return (
+        "\n\n".join(
+            [
+                section_table(TranslationRunConfig, "`tcli train` (translation)"),
+                section_table(BertRunConfig, "`tcli pretrain-bert` (BERT)"),
+            ]
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

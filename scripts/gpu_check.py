@@ -67,18 +67,44 @@ SECTIONS: dict[str, str] = {
     "decode_beam5": "beam-5 decoding speed, transformer-base size",
     "tests": "the test suite (python -m pytest -v, on xdist workers where installed)",
 }
-LIMITS_S = {"device": 40, "train_translation_base": 80, "train_bert_base": 80, "train_bert_large": 100,
-            "decode_beam5": 70, "tests": 300}
+LIMITS_S = {
+    "device": 40,
+    "train_translation_base": 80,
+    "train_bert_base": 80,
+    "train_bert_large": 100,
+    "decode_beam5": 70,
+    "tests": 300,
+}
 
 # Shapes of the full-size measurements; --tiny replaces them for a CPU smoke run.
 FULL = {
-    "train_translation_base": {"preset": "transformer-base", "vocab": 32000, "batch": 256, "src_len": 48,
-                               "tgt_len": 48, "loss_check": True},
+    "train_translation_base": {
+        "preset": "transformer-base",
+        "vocab": 32000,
+        "batch": 256,
+        "src_len": 48,
+        "tgt_len": 48,
+        "loss_check": True,
+    },
     "train_bert_base": {"preset": "bert-base", "vocab": 30522, "batch": 256, "seq_len": 128, "masked": 20},
-    "train_bert_large": {"preset": "bert-large", "vocab": 30522, "batch": 256, "seq_len": 128, "masked": 20,
-                         "profile": True, "data_check": True},
-    "decode_beam5": {"preset": "transformer-base", "vocab": 32000, "batch": 256, "src_len": 32, "out_len": 32,
-                     "beam": 5, "reps": 5},
+    "train_bert_large": {
+        "preset": "bert-large",
+        "vocab": 30522,
+        "batch": 256,
+        "seq_len": 128,
+        "masked": 20,
+        "profile": True,
+        "data_check": True,
+    },
+    "decode_beam5": {
+        "preset": "transformer-base",
+        "vocab": 32000,
+        "batch": 256,
+        "src_len": 32,
+        "out_len": 32,
+        "beam": 5,
+        "reps": 5,
+    },
 }
 TINY_NMT = ["model.d_model=32", "model.heads=2", "model.ffn_dim=64", "model.enc_layers=1", "model.dec_layers=1"]
 TINY_BERT = ["model.d_model=32", "model.heads=2", "model.ffn_dim=64", "model.layers=2"]
@@ -157,8 +183,9 @@ def run_tests(limit_s: float) -> dict[str, Any]:
     if workers:  # the tcli processes the tests start: two threads each, so that the workers share the cores
         env.setdefault("OMP_NUM_THREADS", "2")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
+    )
     try:
         output, _ = proc.communicate(timeout=limit_s)
         timed_out = False
@@ -169,8 +196,14 @@ def run_tests(limit_s: float) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     counts = progress_counts(output) if timed_out else parse_pytest_summary(output)
     status = "timeout" if timed_out else ("ok" if proc.returncode == 0 else "failed")
-    result = {"status": status, "command": " ".join(["python", *cmd[1:]]), "returncode": proc.returncode,
-              "seconds": round(seconds, 1), "xdist_workers": workers, **counts}
+    result = {
+        "status": status,
+        "command": " ".join(["python", *cmd[1:]]),
+        "returncode": proc.returncode,
+        "seconds": round(seconds, 1),
+        "xdist_workers": workers,
+        **counts,
+    }
     if timed_out:
         result["reason"] = f"killed after {limit_s:.0f}s; counts read off the progress lines"
     if status != "ok":
@@ -188,8 +221,9 @@ def section_kwargs(name: str, tiny: bool) -> dict[str, Any]:
     return kwargs
 
 
-def run_section(name: str, device: str, tiny: bool, warmup: int, steps: int, peak: float | None,
-                budget_s: float | None) -> dict[str, Any]:
+def run_section(
+    name: str, device: str, tiny: bool, warmup: int, steps: int, peak: float | None, budget_s: float | None
+) -> dict[str, Any]:
     """One measurement section in this process (the child side of `_child`)."""
     if name == "device":
         return measure_device(device, matmul_n=256 if tiny else 8192)
@@ -216,60 +250,96 @@ def _child(name: str, args: argparse.Namespace, peak: float | None, limit_s: flo
     """Run a section in a fresh process: a crash, an out-of-memory or a hang stays inside it."""
     with tempfile.TemporaryDirectory() as tmp:
         result_file = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--section", name, "--result", str(result_file),
-               "--device", args.device, "--warmup", str(args.warmup), "--steps", str(args.steps),
-               "--budget", str(round(0.75 * limit_s, 1))]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--section",
+            name,
+            "--result",
+            str(result_file),
+            "--device",
+            args.device,
+            "--warmup",
+            str(args.warmup),
+            "--steps",
+            str(args.steps),
+            "--budget",
+            str(round(0.75 * limit_s, 1)),
+        ]
         if peak:
             cmd += ["--peak", str(peak)]
         if args.tiny:
             cmd.append("--tiny")
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         try:
             output, _ = proc.communicate(timeout=limit_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             output, _ = proc.communicate()
-            return {"status": "timeout", "reason": f"killed after its limit of {limit_s:.0f}s",
-                    "output_tail": output[-2000:]}
+            return {
+                "status": "timeout",
+                "reason": f"killed after its limit of {limit_s:.0f}s",
+                "output_tail": output[-2000:],
+            }
         if result_file.exists():
             return json.loads(result_file.read_text())
-        return {"status": "error", "error": f"the section process exited with code {proc.returncode} and no result",
-                "output_tail": output[-3000:]}
+        return {
+            "status": "error",
+            "error": f"the section process exited with code {proc.returncode} and no result",
+            "output_tail": output[-3000:],
+        }
 
 
 def _section_main(args: argparse.Namespace) -> int:
     """--section NAME: measure, write the result (or the error) to --result."""
     budget = None if args.budget is None else args.budget - (time.perf_counter() - _IMPORTED)
     try:
-        result = {"status": "ok", **run_section(args.section, args.device, args.tiny, args.warmup, args.steps,
-                                                args.peak, budget)}
+        result = {
+            "status": "ok",
+            **run_section(args.section, args.device, args.tiny, args.warmup, args.steps, args.peak, budget),
+        }
     except Exception as e:  # recorded in the report; the other sections still run
-        result = {"status": "error", "error": f"{type(e).__name__}: {e}"[:1000],
-                  "traceback": traceback.format_exc()[-3000:]}
+        result = {
+            "status": "error",
+            "error": f"{type(e).__name__}: {e}"[:1000],
+            "traceback": traceback.format_exc()[-3000:],
+        }
     Path(args.result).write_text(json.dumps(result, indent=1))
     return 0
 
 
 def environment() -> dict[str, Any]:
     """Versions, the git commit, and what CUDA this torch build and the driver see."""
-    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                           "torch": torch.__version__, "torch_cuda_build": torch.version.cuda,
-                           "cuda_available": torch.cuda.is_available(),
-                           "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-                           "cpu_count": os.cpu_count()}
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_cuda_build": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "cpu_count": os.cpu_count(),
+    }
     try:
         git = ["git", "-C", str(ROOT)]
-        env["git_commit"] = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                           timeout=10).stdout.strip() or None
-        env["git_dirty"] = bool(subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True,
-                                               timeout=10).stdout.strip())
+        env["git_commit"] = (
+            subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+            or None
+        )
+        env["git_dirty"] = bool(
+            subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True, timeout=10).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         env["git_commit"] = None
     if shutil.which("nvidia-smi"):
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             env["nvidia_smi"] = smi.stdout.strip().splitlines() or smi.stderr.strip()[-300:]
         except (OSError, subprocess.SubprocessError) as e:
             env["nvidia_smi"] = f"failed: {e}"
@@ -285,11 +355,15 @@ def skip_reason(env: dict[str, Any]) -> str:
         return "no CUDA device (CUDA_VISIBLE_DEVICES is empty)"
     gpus = env.get("nvidia_smi")
     if gpus and isinstance(gpus, list) and not env["torch_cuda_build"]:
-        return (f"no CUDA device: torch {env['torch']} is a CPU-only build, although nvidia-smi lists {gpus}; "
-                "install the torch build for this machine's CUDA")
+        return (
+            f"no CUDA device: torch {env['torch']} is a CPU-only build, although nvidia-smi lists {gpus}; "
+            "install the torch build for this machine's CUDA"
+        )
     if gpus and isinstance(gpus, list):
-        return (f"no CUDA device visible to torch {env['torch']} (CUDA {env['torch_cuda_build']}), although "
-                f"nvidia-smi lists {gpus}: check the driver against this CUDA version and CUDA_VISIBLE_DEVICES")
+        return (
+            f"no CUDA device visible to torch {env['torch']} (CUDA {env['torch_cuda_build']}), although "
+            f"nvidia-smi lists {gpus}: check the driver against this CUDA version and CUDA_VISIBLE_DEVICES"
+        )
     return "no CUDA device"
 
 
@@ -323,8 +397,10 @@ def summary_line(name: str, r: dict[str, Any]) -> str:
         detail = r.get("reason") or r.get("error") or ""
         return f"gpu_check: {name}: {r['status']}" + (f" ({detail.splitlines()[0][:200]})" if detail else "")
     if name == "device":
-        return (f"gpu_check: device: {r['name']}, peak {r['peak_tflops']} TFLOP/s bf16 ({r['peak_source']}), "
-                f"matmul {r['measured_bf16_matmul_tflops']} TFLOP/s")
+        return (
+            f"gpu_check: device: {r['name']}, peak {r['peak_tflops']} TFLOP/s bf16 ({r['peak_source']}), "
+            f"matmul {r['measured_bf16_matmul_tflops']} TFLOP/s"
+        )
     if name == "tests":
         return f"gpu_check: tests: {r.get('passed', 0)} passed, {r.get('failed', 0)} failed in {r['seconds']}s"
     if name == "decode_beam5":
@@ -350,13 +426,21 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
     device = "cuda" if args.device == "auto" else args.device
     args.device = device
     report: dict[str, Any] = {
-        "tool": "scripts/gpu_check.py", "started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "command": " ".join(sys.argv), "budget_s": args.budget_total, "limits_s": args.limits, "environment": env,
-        "target": {**TARGET, "met": None}, "flops_formula": FLOPS_FORMULA,
-        "data": ("synthetic: uniformly random token ids, no padding, one batch reused for every step; throughput "
-                 "covers forward, backward, gradient clipping and the fused AdamW step (as Trainer.train_step), "
-                 "not data loading or host-to-device copies"),
-        "tiny": args.tiny, "sections": {},
+        "tool": "scripts/gpu_check.py",
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "command": " ".join(sys.argv),
+        "budget_s": args.budget_total,
+        "limits_s": args.limits,
+        "environment": env,
+        "target": {**TARGET, "met": None},
+        "flops_formula": FLOPS_FORMULA,
+        "data": (
+            "synthetic: uniformly random token ids, no padding, one batch reused for every step; throughput "
+            "covers forward, backward, gradient clipping and the fused AdamW step (as Trainer.train_step), "
+            "not data loading or host-to-device copies"
+        ),
+        "tiny": args.tiny,
+        "sections": {},
     }
     names = [n for n in SECTIONS if n in args.only] if args.only else list(SECTIONS)
     peak = args.peak
@@ -405,11 +489,15 @@ def _tests_section(args: argparse.Namespace, env: dict[str, Any], limit: float) 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", help="the JSON file (default $OUT/gpu_check.json, else ./gpu_check.json)")
-    p.add_argument("--only", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
-                   help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument(
+        "--only",
+        type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+        help=f"comma-separated sections: {', '.join(SECTIONS)}",
+    )
     p.add_argument("--cpu-tests", action="store_true", help="run the test suite even without CUDA")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cuda, cuda:N or cpu (with --tiny)")
     p.add_argument("--tiny", action="store_true", help="tiny models: a smoke test of the code paths, not a measurement")
@@ -417,9 +505,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="timed training steps")
     p.add_argument("--peak", type=float, help="bf16 peak TFLOP/s for MFU (default: the device section's)")
     p.add_argument("--budget-total", type=float, default=TOTAL_BUDGET_S, help="seconds for the whole check")
-    p.add_argument("--limit", action="append", default=[], metavar="SECTION=SECONDS",
-                   help="time limit of a section (repeatable); defaults: "
-                        + ", ".join(f"{k} {v}" for k, v in LIMITS_S.items()))
+    p.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="SECTION=SECONDS",
+        help="time limit of a section (repeatable); defaults: " + ", ".join(f"{k} {v}" for k, v in LIMITS_S.items()),
+    )
     p.add_argument("--section", choices=[n for n in SECTIONS if n != "tests"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--budget", type=float, help=argparse.SUPPRESS)

@@ -35,21 +35,29 @@ BF16_DENSE_TFLOPS: list[tuple[str, float]] = [
 ]
 
 FLOPS_FORMULA = {
-    "summary": ("training FLOPs per step = 6 x (parameters a token passes through in matmuls) x tokens "
-                "+ 12 x layers x d_model x attended length per token (PaLM appendix B / Megatron-LM: "
-                "forward 2 FLOPs per multiply-add, backward twice the forward; attention QK^T and AV, "
-                "causal masks not halved)"),
-    "translation": ("6 x ((N_enc + N_kv) x source tokens + (N_dec - N_kv + V x d) x target tokens) + 12 x d x "
-                    "(L_enc x S x source tokens + L_dec x (T + S) x target tokens); N_enc, N_dec = parameters of "
-                    "the encoder and decoder layers, N_kv = the decoder's cross-attention key/value projections "
-                    "(applied once to the encoder output), V x d = output projection (tied to the embeddings, "
-                    "applied to every target token); with equal source and target tokens this is exactly "
-                    "6 x count-params total x tokens + attention"),
-    "bert": ("6 x (L x layer parameters x tokens + MLM head (H^2 + 3H + V x H + V) x masked positions + "
-             "(pooler + NSP) x sequences) + 12 x L x H x T x tokens; embedding tables are lookups (no matmul) "
-             "and tcli computes the tied MLM decoder only at the masked positions"),
-    "simple_6ND": ("also reported: 6 x count-params total x tokens + attention, the common shorthand, which for "
-                   "BERT charges the vocabulary projection at every position and so overstates the work"),
+    "summary": (
+        "training FLOPs per step = 6 x (parameters a token passes through in matmuls) x tokens "
+        "+ 12 x layers x d_model x attended length per token (PaLM appendix B / Megatron-LM: "
+        "forward 2 FLOPs per multiply-add, backward twice the forward; attention QK^T and AV, "
+        "causal masks not halved)"
+    ),
+    "translation": (
+        "6 x ((N_enc + N_kv) x source tokens + (N_dec - N_kv + V x d) x target tokens) + 12 x d x "
+        "(L_enc x S x source tokens + L_dec x (T + S) x target tokens); N_enc, N_dec = parameters of "
+        "the encoder and decoder layers, N_kv = the decoder's cross-attention key/value projections "
+        "(applied once to the encoder output), V x d = output projection (tied to the embeddings, "
+        "applied to every target token); with equal source and target tokens this is exactly "
+        "6 x count-params total x tokens + attention"
+    ),
+    "bert": (
+        "6 x (L x layer parameters x tokens + MLM head (H^2 + 3H + V x H + V) x masked positions + "
+        "(pooler + NSP) x sequences) + 12 x L x H x T x tokens; embedding tables are lookups (no matmul) "
+        "and tcli computes the tied MLM decoder only at the masked positions"
+    ),
+    "simple_6ND": (
+        "also reported: 6 x count-params total x tokens + attention, the common shorthand, which for "
+        "BERT charges the vocabulary projection at every position and so overstates the work"
+    ),
     "mfu": "model FLOPs per step / step time / bf16 dense peak of the device",
 }
 
@@ -65,8 +73,9 @@ def table_peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def matmul_tflops(device: str | torch.device, n: int = 8192, reps: int = 10,
-                  dtype: torch.dtype = torch.bfloat16) -> float:
+def matmul_tflops(
+    device: str | torch.device, n: int = 8192, reps: int = 10, dtype: torch.dtype = torch.bfloat16
+) -> float:
     """Achieved TFLOP/s of an n x n x n matmul (the median of `reps`, after warm-up)."""
     device = torch.device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -91,8 +100,17 @@ def transformer_layer_params(d: int, ffn: int, decoder: bool) -> int:
     return (4 * d * d + 4 * d) + (2 * d * ffn + ffn + d) + 4 * d
 
 
-def translation_train_flops(d: int, ffn: int, enc_layers: int, dec_layers: int, vocab: int, src_tokens: int,
-                            tgt_tokens: int, src_len: int, tgt_len: int) -> dict[str, int]:
+def translation_train_flops(
+    d: int,
+    ffn: int,
+    enc_layers: int,
+    dec_layers: int,
+    vocab: int,
+    src_tokens: int,
+    tgt_tokens: int,
+    src_len: int,
+    tgt_len: int,
+) -> dict[str, int]:
     """Model FLOPs of one training step (forward + backward) of the encoder-decoder; see FLOPS_FORMULA."""
     enc = enc_layers * transformer_layer_params(d, ffn, decoder=False)
     dec = dec_layers * transformer_layer_params(d, ffn, decoder=True)
@@ -102,8 +120,9 @@ def translation_train_flops(d: int, ffn: int, enc_layers: int, dec_layers: int, 
     return {"dense": dense, "attention": attention, "total": dense + attention}
 
 
-def bert_train_flops(d: int, ffn: int, layers: int, vocab: int, tokens: int, seq_len: int, masked: int,
-                     sequences: int) -> dict[str, int]:
+def bert_train_flops(
+    d: int, ffn: int, layers: int, vocab: int, tokens: int, seq_len: int, masked: int, sequences: int
+) -> dict[str, int]:
     """Model FLOPs of one BERT pretraining step (forward + backward); see FLOPS_FORMULA."""
     layer = transformer_layer_params(d, ffn, decoder=False)
     mlm_head = (d * d + d) + 2 * d + vocab * d + vocab  # dense, LayerNorm, tied decoder, bias
@@ -141,8 +160,10 @@ def _reset_memory(device: torch.device) -> None:
 def _memory(device: torch.device) -> dict[str, float | None]:
     if device.type != "cuda":
         return {"peak_memory_allocated_gib": None, "peak_memory_reserved_gib": None}
-    return {"peak_memory_allocated_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
-            "peak_memory_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2)}
+    return {
+        "peak_memory_allocated_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
+        "peak_memory_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2),
+    }
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -155,13 +176,15 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _timed_steps(step: Callable[[], torch.Tensor], warmup: int, steps: int, device: torch.device,
-                 deadline: float | None) -> tuple[float, int, list[float]]:
+def _timed_steps(
+    step: Callable[[], torch.Tensor], warmup: int, steps: int, device: torch.device, deadline: float | None
+) -> tuple[float, int, list[float]]:
     """Run `warmup` untimed steps, then up to `steps` timed ones (fewer once time.perf_counter() passes
     `deadline`: a short measurement is worth more than a section killed at its limit).
 
     Returns the seconds of the timed steps, how many ran, and the losses of the first and last step.
     """
+
     def late() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
@@ -193,8 +216,9 @@ def _optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cl
     optimizer.zero_grad(set_to_none=True)
 
 
-def _fit_batch(run: Callable[[int], dict[str, Any]], batch: int, device: torch.device,
-               min_batch: int = 1) -> dict[str, Any]:
+def _fit_batch(
+    run: Callable[[int], dict[str, Any]], batch: int, device: torch.device, min_batch: int = 1
+) -> dict[str, Any]:
     """run(batch); on out-of-memory, free what the attempt held and retry at half the batch."""
     tried = []
     while True:
@@ -229,8 +253,9 @@ def _optional(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"{type(e).__name__}: {e}"[:500]}
 
 
-def profile_steps(step: Callable[[], torch.Tensor], device: torch.device, steps: int = 3,
-                  top: int = 15) -> dict[str, Any]:
+def profile_steps(
+    step: Callable[[], torch.Tensor], device: torch.device, steps: int = 3, top: int = 15
+) -> dict[str, Any]:
     """torch.profiler over a few training steps: the operators with the most self time (GPU time on CUDA),
     per step, and the profiler's table, whose footer gives the total CPU and GPU self time."""
     from torch.profiler import ProfilerActivity, profile
@@ -246,14 +271,22 @@ def profile_steps(step: Callable[[], torch.Tensor], device: torch.device, steps:
     wall = time.perf_counter() - t0
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
-    rows = [{"name": e.key, "calls_per_step": e.count / steps,
-             "self_ms_per_step": round(getattr(e, key) / 1000 / steps, 3)} for e in events]
-    return {"steps": steps, "sorted_by": key, "wall_ms_per_step_profiled": round(1000 * wall / steps, 2),
-            "top": rows, "table": prof.key_averages().table(sort_by=key, row_limit=top)}
+    rows = [
+        {"name": e.key, "calls_per_step": e.count / steps, "self_ms_per_step": round(getattr(e, key) / 1000 / steps, 3)}
+        for e in events
+    ]
+    return {
+        "steps": steps,
+        "sorted_by": key,
+        "wall_ms_per_step_profiled": round(1000 * wall / steps, 2),
+        "top": rows,
+        "table": prof.key_averages().table(sort_by=key, row_limit=top),
+    }
 
 
-def measure_loss(device: str | torch.device, rows: int, vocab: int, label_smoothing: float = 0.1,
-                 reps: int = 10) -> dict[str, Any]:
+def measure_loss(
+    device: str | torch.device, rows: int, vocab: int, label_smoothing: float = 0.1, reps: int = 10
+) -> dict[str, Any]:
     """Forward + backward of the label-smoothed loss on (rows, vocab) bf16 logits: tcli's fused loss as the
     models run it (its softmax goes a CPU-cache-sized chunk of rows at a time, one kernel sequence per
     chunk), the same as one chunk, and torch's F.cross_entropy. On a GPU the chunk loop may cost more in
@@ -297,11 +330,22 @@ def measure_loss(device: str | torch.device, rows: int, vocab: int, label_smooth
     return result
 
 
-def measure_translation(device: str | torch.device = "cuda", preset: str = "transformer-base", vocab: int = 32000,
-                        batch: int = 256, src_len: int = 48, tgt_len: int = 48, warmup: int = 5, steps: int = 20,
-                        overrides: list[str] | None = None, precision: str = "bf16",
-                        peak_tflops: float | None = None, budget_s: float | None = None,
-                        seed: int = 0, loss_check: bool = False) -> dict[str, Any]:
+def measure_translation(
+    device: str | torch.device = "cuda",
+    preset: str = "transformer-base",
+    vocab: int = 32000,
+    batch: int = 256,
+    src_len: int = 48,
+    tgt_len: int = 48,
+    warmup: int = 5,
+    steps: int = 20,
+    overrides: list[str] | None = None,
+    precision: str = "bf16",
+    peak_tflops: float | None = None,
+    budget_s: float | None = None,
+    seed: int = 0,
+    loss_check: bool = False,
+) -> dict[str, Any]:
     """Training throughput of tcli's Transformer on synthetic batches of batch x src_len -> tgt_len tokens.
 
     `budget_s` (from this call on, model building included) cuts the timed steps short rather than overrun.
@@ -339,28 +383,44 @@ def measure_translation(device: str | torch.device = "cuda", preset: str = "tran
 
         _reset_memory(device)
         seconds, done, losses = _timed_steps(step, warmup, steps, device, deadline)
-        flops = translation_train_flops(m.d_model, m.ffn_dim, m.enc_layers, m.dec_layers, vocab, src.numel(), n_tgt,
-                                        src_len, tgt_len)
+        flops = translation_train_flops(
+            m.d_model, m.ffn_dim, m.enc_layers, m.dec_layers, vocab, src.numel(), n_tgt, src_len, tgt_len
+        )
         simple = simple_6nd_flops(params, n_tgt, m.enc_layers + m.dec_layers, m.d_model, src_len)
         per_step = seconds / max(done, 1)
-        return {"batch_sentences": rows, "src_tokens_per_step": src.numel(), "tgt_tokens_per_step": n_tgt,
-                "steps_timed": done, "steps_requested": steps, "step_ms": round(1000 * per_step, 2),
-                "tgt_tokens_per_s": round(n_tgt / per_step, 1),
-                "src_plus_tgt_tokens_per_s": round((n_tgt + src.numel()) / per_step, 1),
-                "sequences_per_s": round(rows / per_step, 1), **_memory(device),
-                "model_flops_per_step": flops, "model_tflops_per_s": round(flops["total"] / per_step / 1e12, 2),
-                "mfu": _round(mfu(flops["total"], per_step, peak_tflops)),
-                "simple_6ND_flops_per_step": simple, "mfu_simple_6ND": _round(mfu(simple, per_step, peak_tflops)),
-                "loss_first_last": [round(x, 4) for x in losses], "loss_finite": all(map(math.isfinite, losses))}
+        return {
+            "batch_sentences": rows,
+            "src_tokens_per_step": src.numel(),
+            "tgt_tokens_per_step": n_tgt,
+            "steps_timed": done,
+            "steps_requested": steps,
+            "step_ms": round(1000 * per_step, 2),
+            "tgt_tokens_per_s": round(n_tgt / per_step, 1),
+            "src_plus_tgt_tokens_per_s": round((n_tgt + src.numel()) / per_step, 1),
+            "sequences_per_s": round(rows / per_step, 1),
+            **_memory(device),
+            "model_flops_per_step": flops,
+            "model_tflops_per_s": round(flops["total"] / per_step / 1e12, 2),
+            "mfu": _round(mfu(flops["total"], per_step, peak_tflops)),
+            "simple_6ND_flops_per_step": simple,
+            "mfu_simple_6ND": _round(mfu(simple, per_step, peak_tflops)),
+            "loss_first_last": [round(x, 4) for x in losses],
+            "loss_finite": all(map(math.isfinite, losses)),
+        }
 
     result = _fit_batch(run, batch, device)
     if loss_check:
         rows = result["tgt_tokens_per_step"]
         result["loss_fwd_bwd"] = _optional(lambda: measure_loss(device, rows, vocab, cfg.train.label_smoothing))
     sizes = {k: getattr(m, k) for k in ("d_model", "heads", "ffn_dim", "enc_layers", "dec_layers", "norm")}
-    return {"model": f"{preset} ({sizes}), vocabulary {vocab}, shared embeddings and tied output",
-            "parameters": params, "precision": runtime.precision, "device": str(device), "warmup_steps": warmup,
-            **result}
+    return {
+        "model": f"{preset} ({sizes}), vocabulary {vocab}, shared embeddings and tied output",
+        "parameters": params,
+        "precision": runtime.precision,
+        "device": str(device),
+        "warmup_steps": warmup,
+        **result,
+    }
 
 
 def _bert_batch(rows: int, seq_len: int, masked: int, vocab: int, generator: torch.Generator):
@@ -383,8 +443,9 @@ def _bert_batch(rows: int, seq_len: int, masked: int, vocab: int, generator: tor
     return ids, segments, labels, nsp
 
 
-def measure_bert_data(batch: int, seq_len: int, vocab: int, masked: int, batches: int = 5,
-                      seed: int = 0) -> dict[str, Any]:
+def measure_bert_data(
+    batch: int, seq_len: int, vocab: int, masked: int, batches: int = 5, seed: int = 0
+) -> dict[str, Any]:
     """Host time of tcli's BERT data path for one batch: `make_batch` (collate the NSP pairs, draw the MLM
     masks) over `make_instances` of synthetic documents. The trainer makes each batch in the training
     process between steps, so this is time the GPU step has to hide or wait for."""
@@ -393,8 +454,10 @@ def measure_bert_data(batch: int, seq_len: int, vocab: int, masked: int, batches
     from transformer_cli.datasets.bert import SpecialIds, make_batch, make_instances
 
     rng = random.Random(seed)
-    docs = [[[rng.randrange(5, vocab) for _ in range(rng.randint(8, 40))] for _ in range(rng.randint(3, 30))]
-            for _ in range(max(50, batch * batches // 4))]
+    docs = [
+        [[rng.randrange(5, vocab) for _ in range(rng.randint(8, 40))] for _ in range(rng.randint(3, 30))]
+        for _ in range(max(50, batch * batches // 4))
+    ]
     t0 = time.perf_counter()
     instances = make_instances(docs, seq_len, 0.1, random.Random(seed + 1))
     per_instance = (time.perf_counter() - t0) / max(len(instances), 1)
@@ -405,16 +468,32 @@ def measure_bert_data(batch: int, seq_len: int, vocab: int, masked: int, batches
     for i in range(n):
         make_batch(instances[i * batch : (i + 1) * batch], ids, 0.15, masked, generator)
     per_batch = (time.perf_counter() - t0) / n
-    return {"batch_sequences": batch, "make_batch_ms": round(1000 * per_batch, 2),
-            "make_instances_ms_per_batch": round(1000 * per_instance * batch, 2),
-            "host_sequences_per_s": round(batch / per_batch, 1), "torch_threads": torch.get_num_threads()}
+    return {
+        "batch_sequences": batch,
+        "make_batch_ms": round(1000 * per_batch, 2),
+        "make_instances_ms_per_batch": round(1000 * per_instance * batch, 2),
+        "host_sequences_per_s": round(batch / per_batch, 1),
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
-def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base", vocab: int = 30522,
-                 batch: int = 256, seq_len: int = 128, masked: int = 20, warmup: int = 5, steps: int = 20,
-                 overrides: list[str] | None = None, precision: str = "bf16", peak_tflops: float | None = None,
-                 budget_s: float | None = None, seed: int = 0, profile: bool = False,
-                 data_check: bool = False) -> dict[str, Any]:
+def measure_bert(
+    device: str | torch.device = "cuda",
+    preset: str = "bert-base",
+    vocab: int = 30522,
+    batch: int = 256,
+    seq_len: int = 128,
+    masked: int = 20,
+    warmup: int = 5,
+    steps: int = 20,
+    overrides: list[str] | None = None,
+    precision: str = "bf16",
+    peak_tflops: float | None = None,
+    budget_s: float | None = None,
+    seed: int = 0,
+    profile: bool = False,
+    data_check: bool = False,
+) -> dict[str, Any]:
     """Pretraining throughput (MLM + NSP) of tcli's BERT on synthetic batches of batch x seq_len tokens.
 
     `budget_s` (from this call on, model building included) cuts the timed steps short rather than overrun.
@@ -424,8 +503,7 @@ def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base",
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     device = torch.device(device)
-    cfg, runtime = _train_setup(preset, [f"data.max_seq_len={seq_len}", *(overrides or [])], vocab, device,
-                                precision)
+    cfg, runtime = _train_setup(preset, [f"data.max_seq_len={seq_len}", *(overrides or [])], vocab, device, precision)
     torch.manual_seed(seed)
     model = build_bert(cfg.model, vocab).to(device).train()
     optimizer = build_optimizer(model, cfg.train, device)
@@ -452,14 +530,24 @@ def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base",
         flops = bert_train_flops(m.d_model, m.ffn_dim, m.layers, vocab, tokens, seq_len, n_masked, rows)
         simple = simple_6nd_flops(params, tokens, m.layers, m.d_model, seq_len)
         per_step = seconds / max(done, 1)
-        result = {"batch_sequences": rows, "tokens_per_step": tokens, "masked_per_sequence": masked,
-                "steps_timed": done, "steps_requested": steps, "step_ms": round(1000 * per_step, 2),
-                "tokens_per_s": round(tokens / per_step, 1), "sequences_per_s": round(rows / per_step, 1),
-                **_memory(device), "model_flops_per_step": flops,
-                "model_tflops_per_s": round(flops["total"] / per_step / 1e12, 2),
-                "mfu": _round(mfu(flops["total"], per_step, peak_tflops)),
-                "simple_6ND_flops_per_step": simple, "mfu_simple_6ND": _round(mfu(simple, per_step, peak_tflops)),
-                "loss_first_last": [round(x, 4) for x in losses], "loss_finite": all(map(math.isfinite, losses))}
+        result = {
+            "batch_sequences": rows,
+            "tokens_per_step": tokens,
+            "masked_per_sequence": masked,
+            "steps_timed": done,
+            "steps_requested": steps,
+            "step_ms": round(1000 * per_step, 2),
+            "tokens_per_s": round(tokens / per_step, 1),
+            "sequences_per_s": round(rows / per_step, 1),
+            **_memory(device),
+            "model_flops_per_step": flops,
+            "model_tflops_per_s": round(flops["total"] / per_step / 1e12, 2),
+            "mfu": _round(mfu(flops["total"], per_step, peak_tflops)),
+            "simple_6ND_flops_per_step": simple,
+            "mfu_simple_6ND": _round(mfu(simple, per_step, peak_tflops)),
+            "loss_first_last": [round(x, 4) for x in losses],
+            "loss_finite": all(map(math.isfinite, losses)),
+        }
         if profile:  # after the timing and the memory reading, which it would disturb
             result["profile"] = _optional(lambda: profile_steps(step, device))
         return result
@@ -469,15 +557,31 @@ def measure_bert(device: str | torch.device = "cuda", preset: str = "bert-base",
         rows = result["batch_sequences"]
         result["host_data"] = _optional(lambda: measure_bert_data(rows, seq_len, vocab, masked))
     sizes = {k: getattr(m, k) for k in ("d_model", "layers", "heads", "ffn_dim")}
-    return {"model": f"{preset} ({sizes}), vocabulary {vocab}, MLM + NSP heads", "parameters": params,
-            "precision": runtime.precision, "device": str(device), "seq_len": seq_len, "warmup_steps": warmup,
-            **result}
+    return {
+        "model": f"{preset} ({sizes}), vocabulary {vocab}, MLM + NSP heads",
+        "parameters": params,
+        "precision": runtime.precision,
+        "device": str(device),
+        "seq_len": seq_len,
+        "warmup_steps": warmup,
+        **result,
+    }
 
 
-def measure_decode(device: str | torch.device = "cuda", preset: str = "transformer-base", vocab: int = 32000,
-                   batch: int = 256, src_len: int = 32, out_len: int = 32, beam: int = 5, reps: int = 3,
-                   overrides: list[str] | None = None, precision: str = "bf16", budget_s: float | None = None,
-                   seed: int = 0) -> dict[str, Any]:
+def measure_decode(
+    device: str | torch.device = "cuda",
+    preset: str = "transformer-base",
+    vocab: int = 32000,
+    batch: int = 256,
+    src_len: int = 32,
+    out_len: int = 32,
+    beam: int = 5,
+    reps: int = 3,
+    overrides: list[str] | None = None,
+    precision: str = "bf16",
+    budget_s: float | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Beam-search speed of tcli's decoder at a fixed output length.
 
     Random weights give no sensible output, and a hypothesis ending early would change the work. The
@@ -520,12 +624,24 @@ def measure_decode(device: str | torch.device = "cuda", preset: str = "transform
             break
     _sync(device)
     seconds = time.perf_counter() - t0
-    return {"model": f"{preset}, vocabulary {vocab}, random weights, EOS embedding zeroed",
-            "precision": runtime.precision, "device": str(device), "beam": beam, "batch_sentences": batch,
-            "src_len": src_len, "out_len": out_len, "reps_timed": done, "reps_requested": reps, "all_full_length": full,
-            "decoded_tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1),
-            "sentences_per_s": round(batch * done / seconds, 1), **_memory(device),
-            "counted": "tokens of the best hypothesis of each sentence, EOS included (as tcli translate's stats)"}
+    return {
+        "model": f"{preset}, vocabulary {vocab}, random weights, EOS embedding zeroed",
+        "precision": runtime.precision,
+        "device": str(device),
+        "beam": beam,
+        "batch_sentences": batch,
+        "src_len": src_len,
+        "out_len": out_len,
+        "reps_timed": done,
+        "reps_requested": reps,
+        "all_full_length": full,
+        "decoded_tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "sentences_per_s": round(batch * done / seconds, 1),
+        **_memory(device),
+        "counted": "tokens of the best hypothesis of each sentence, EOS included (as tcli translate's stats)",
+    }
 
 
 def resolve_peak(device: str | torch.device, matmul_n: int = 8192) -> tuple[float, str]:
@@ -544,18 +660,29 @@ def measure_device(device: str | torch.device = "cuda", matmul_n: int = 8192) ->
     device = torch.device(device)
     measured = round(matmul_tflops(device, n=matmul_n), 3)
     if device.type != "cuda":
-        return {"name": platform.processor() or "CPU", "measured_bf16_matmul_tflops": measured,
-                "peak_tflops": measured, "peak_source": f"measured {matmul_n}^3 bf16 matmul"}
+        return {
+            "name": platform.processor() or "CPU",
+            "measured_bf16_matmul_tflops": measured,
+            "peak_tflops": measured,
+            "peak_source": f"measured {matmul_n}^3 bf16 matmul",
+        }
     props = torch.cuda.get_device_properties(device)
     table = table_peak_tflops(props.name)
     if table:
         peak, source = table, "datasheet bf16 dense (table in scripts/gpu_measure.py)"
     else:
         peak, source = measured, f"measured {matmul_n}^3 bf16 matmul (the device is not in the table)"
-    return {"name": props.name, "capability": f"{props.major}.{props.minor}",
-            "memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count,
-            "bf16_supported": torch.cuda.is_bf16_supported(), "table_bf16_dense_tflops": table,
-            "measured_bf16_matmul_tflops": measured, "peak_tflops": peak, "peak_source": source}
+    return {
+        "name": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "multiprocessors": props.multi_processor_count,
+        "bf16_supported": torch.cuda.is_bf16_supported(),
+        "table_bf16_dense_tflops": table,
+        "measured_bf16_matmul_tflops": measured,
+        "peak_tflops": peak,
+        "peak_source": source,
+    }
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:

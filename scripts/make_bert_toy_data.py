@@ -128,10 +128,22 @@ THINGS = {
 }
 THING_VERBS = ("find", "carry", "hold", "drop", "lose", "take", "want", "bring")  # fit every thing
 
-ANIMAL_ADJECTIVES = ["big", "small", "old", "young", "little", "quick", "sleepy", "clever", "funny", "brown",
-                     "white", "black", "grey"]
-THING_ADJECTIVES = ["big", "small", "old", "new", "red", "blue", "green", "white", "black", "yellow", "shiny",
-                    "heavy"]
+ANIMAL_ADJECTIVES = [
+    "big",
+    "small",
+    "old",
+    "young",
+    "little",
+    "quick",
+    "sleepy",
+    "clever",
+    "funny",
+    "brown",
+    "white",
+    "black",
+    "grey",
+]
+THING_ADJECTIVES = ["big", "small", "old", "new", "red", "blue", "green", "white", "black", "yellow", "shiny", "heavy"]
 FEELINGS = ["happy", "sad", "angry", "tired", "hungry", "afraid", "excited", "surprised"]
 
 
@@ -145,31 +157,55 @@ class Theme:
 
 # Places, animals, things and trades belong to one theme each, so the words of a story belong together.
 THEMES = {
-    "farm": Theme(("farm", "barn", "field", "meadow"), ("cow", "horse", "goat", "hen", "pig"),
-                  ("egg", "bucket", "tractor", "sack"), ("farmer",)),
-    "river": Theme(("river", "lake", "bridge", "pond"), ("duck", "frog", "fish", "swan"),
-                   ("boat", "net", "rod"), ("fisher",)),
-    "school": Theme(("school", "classroom", "library", "playground"), ("hamster", "parrot"),
-                    ("book", "pencil", "bag", "map"), ("teacher", "pupil")),
-    "park": Theme(("park", "garden", "fountain", "lawn"), ("dog", "squirrel", "pigeon"),
-                  ("ball", "kite", "flower"), ("gardener",)),
-    "forest": Theme(("forest", "cave", "woods", "hill"), ("owl", "fox", "bear", "wolf"),
-                    ("basket", "lamp", "rope"), ("ranger",)),
-    "kitchen": Theme(("kitchen", "house", "table", "oven"), ("cat", "mouse"),
-                     ("cake", "pie", "cup", "spoon"), ("cook",)),
-    "market": Theme(("market", "shop", "street", "square"), ("donkey", "camel"),
-                    ("coin", "apple", "purse", "hat"), ("seller",)),
-    "sea": Theme(("beach", "harbour", "island", "sea"), ("seal", "crab", "gull"),
-                 ("shell", "ship"), ("sailor",)),
+    "farm": Theme(
+        ("farm", "barn", "field", "meadow"),
+        ("cow", "horse", "goat", "hen", "pig"),
+        ("egg", "bucket", "tractor", "sack"),
+        ("farmer",),
+    ),
+    "river": Theme(
+        ("river", "lake", "bridge", "pond"), ("duck", "frog", "fish", "swan"), ("boat", "net", "rod"), ("fisher",)
+    ),
+    "school": Theme(
+        ("school", "classroom", "library", "playground"),
+        ("hamster", "parrot"),
+        ("book", "pencil", "bag", "map"),
+        ("teacher", "pupil"),
+    ),
+    "park": Theme(
+        ("park", "garden", "fountain", "lawn"), ("dog", "squirrel", "pigeon"), ("ball", "kite", "flower"), ("gardener",)
+    ),
+    "forest": Theme(
+        ("forest", "cave", "woods", "hill"), ("owl", "fox", "bear", "wolf"), ("basket", "lamp", "rope"), ("ranger",)
+    ),
+    "kitchen": Theme(
+        ("kitchen", "house", "table", "oven"), ("cat", "mouse"), ("cake", "pie", "cup", "spoon"), ("cook",)
+    ),
+    "market": Theme(
+        ("market", "shop", "street", "square"), ("donkey", "camel"), ("coin", "apple", "purse", "hat"), ("seller",)
+    ),
+    "sea": Theme(("beach", "harbour", "island", "sea"), ("seal", "crab", "gull"), ("shell", "ship"), ("sailor",)),
 }
 THEME_NAMES = list(THEMES)
 
 # Prepositions that say where something happens at a place (default: in, near).
 PLACE_PREPOSITIONS = {
-    "farm": ("on", "near"), "hill": ("on", "near"), "bridge": ("on", "under", "near"), "beach": ("on", "near"),
-    "table": ("under", "near"), "street": ("on", "in"), "river": ("near", "by"), "lake": ("near", "by"),
-    "pond": ("near", "by"), "playground": ("on", "near"), "lawn": ("on", "near"), "fountain": ("near", "by"),
-    "oven": ("near", "by"), "island": ("on", "near"), "sea": ("by", "near"), "field": ("in", "near"),
+    "farm": ("on", "near"),
+    "hill": ("on", "near"),
+    "bridge": ("on", "under", "near"),
+    "beach": ("on", "near"),
+    "table": ("under", "near"),
+    "street": ("on", "in"),
+    "river": ("near", "by"),
+    "lake": ("near", "by"),
+    "pond": ("near", "by"),
+    "playground": ("on", "near"),
+    "lawn": ("on", "near"),
+    "fountain": ("near", "by"),
+    "oven": ("near", "by"),
+    "island": ("on", "near"),
+    "sea": ("by", "near"),
+    "field": ("in", "near"),
     "harbour": ("in", "near"),
 }
 FOOD = {"apple", "cake", "pie", "egg"}
@@ -177,20 +213,50 @@ FOOD_ADJECTIVES = ["big", "small", "fresh", "sweet", "little"]
 
 # Irregular or spelling-changing forms: base -> (3rd person singular present, past).
 IRREGULAR = {
-    "be": ("is", "was"), "have": ("has", "had"), "go": ("goes", "went"), "do": ("does", "did"),
-    "see": ("sees", "saw"), "find": ("finds", "found"), "eat": ("eats", "ate"), "hold": ("holds", "held"),
-    "bring": ("brings", "brought"), "take": ("takes", "took"), "lose": ("loses", "lost"),
-    "throw": ("throws", "threw"), "catch": ("catches", "caught"), "read": ("reads", "read"),
-    "wear": ("wears", "wore"), "fly": ("flies", "flew"), "give": ("gives", "gave"), "run": ("runs", "ran"),
-    "swim": ("swims", "swam"), "sing": ("sings", "sang"), "sleep": ("sleeps", "slept"),
-    "feed": ("feeds", "fed"), "meet": ("meets", "met"), "hide": ("hides", "hid"), "drop": ("drops", "dropped"),
-    "hop": ("hops", "hopped"), "hug": ("hugs", "hugged"), "light": ("lights", "lit"), "wake": ("wakes", "woke"),
-    "leave": ("leaves", "left"), "sit": ("sits", "sat"), "make": ("makes", "made"), "come": ("comes", "came"),
-    "keep": ("keeps", "kept"), "drive": ("drives", "drove"),
+    "be": ("is", "was"),
+    "have": ("has", "had"),
+    "go": ("goes", "went"),
+    "do": ("does", "did"),
+    "see": ("sees", "saw"),
+    "find": ("finds", "found"),
+    "eat": ("eats", "ate"),
+    "hold": ("holds", "held"),
+    "bring": ("brings", "brought"),
+    "take": ("takes", "took"),
+    "lose": ("loses", "lost"),
+    "throw": ("throws", "threw"),
+    "catch": ("catches", "caught"),
+    "read": ("reads", "read"),
+    "wear": ("wears", "wore"),
+    "fly": ("flies", "flew"),
+    "give": ("gives", "gave"),
+    "run": ("runs", "ran"),
+    "swim": ("swims", "swam"),
+    "sing": ("sings", "sang"),
+    "sleep": ("sleeps", "slept"),
+    "feed": ("feeds", "fed"),
+    "meet": ("meets", "met"),
+    "hide": ("hides", "hid"),
+    "drop": ("drops", "dropped"),
+    "hop": ("hops", "hopped"),
+    "hug": ("hugs", "hugged"),
+    "light": ("lights", "lit"),
+    "wake": ("wakes", "woke"),
+    "leave": ("leaves", "left"),
+    "sit": ("sits", "sat"),
+    "make": ("makes", "made"),
+    "come": ("comes", "came"),
+    "keep": ("keeps", "kept"),
+    "drive": ("drives", "drove"),
 }
 
-PRONOUNS = {"he": ("he", "him", "his"), "she": ("she", "her", "her"), "it": ("it", "it", "its"),
-            "they": ("they", "them", "their"), "I": ("I", "me", "my")}
+PRONOUNS = {
+    "he": ("he", "him", "his"),
+    "she": ("she", "her", "her"),
+    "it": ("it", "it", "its"),
+    "they": ("they", "them", "their"),
+    "I": ("I", "me", "my"),
+}
 
 
 def verb_form(base: str, tense: str, plural: bool, first_person: bool = False) -> str:
@@ -248,8 +314,11 @@ class Entity:
             raise ValueError("a named entity has no noun")
         if not self.plural:
             return self.noun
-        table = {**{k: v[0] for k, v in PERSON_NOUNS.items()}, **{k: v[0] for k, v in ANIMALS.items()},
-                 **{k: v[0] for k, v in THINGS.items()}}
+        table = {
+            **{k: v[0] for k, v in PERSON_NOUNS.items()},
+            **{k: v[0] for k, v in ANIMALS.items()},
+            **{k: v[0] for k, v in THINGS.items()},
+        }
         return table[self.noun]
 
 
@@ -355,8 +424,9 @@ class Story:
         return words
 
     def obj(self, e: Entity) -> list[str]:
-        return mention(e, self.rng, "object", pronoun_ok=e is not self.last_subject and e.mentioned
-                       and self.rng.random() < 0.4)
+        return mention(
+            e, self.rng, "object", pronoun_ok=e is not self.last_subject and e.mentioned and self.rng.random() < 0.4
+        )
 
     def animate(self) -> list[Entity]:
         cast = [self.hero, self.friend]
@@ -501,8 +571,7 @@ class Story:
         actor = r.choice(people)
         other = r.choice([e for e in self.animate() if e is not actor])
         t = self.thing
-        return [*self.subj(actor), self.v(r.choice(["give", "show"]), actor), *self.obj(t), "to",
-                *self.obj(other)]
+        return [*self.subj(actor), self.v(r.choice(["give", "show"]), actor), *self.obj(t), "to", *self.obj(other)]
 
     def act_go(self) -> list[str]:
         r = self.rng

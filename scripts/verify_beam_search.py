@@ -49,14 +49,17 @@ def main() -> int:
     differ = []
     for i, ids in enumerate(sources):
         src = torch.tensor([ids[: model.positions.size(0) - 2] + [EOS_ID]])
-        plain = reference_beam_search(model, src, BOS_ID, EOS_ID, opts.beam, opts.lenpen, opts.max_len_a,
-                                      opts.max_len_b)
+        plain = reference_beam_search(
+            model, src, BOS_ID, EOS_ID, opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b
+        )
         if [h.tokens for h in plain] != [h.tokens for h in fast[i]]:
             differ.append(i)
     plain_s = time.perf_counter() - start
 
-    print(f"{len(lines) - len(differ)}/{len(lines)} translations identical (fp32, beam {a.beam}); "
-          f"fast path {fast_s:.1f}s, reference {plain_s:.1f}s")
+    print(
+        f"{len(lines) - len(differ)}/{len(lines)} translations identical (fp32, beam {a.beam}); "
+        f"fast path {fast_s:.1f}s, reference {plain_s:.1f}s"
+    )
     for i in differ[:10]:
         print(f"line {i + 1} differs: {lines[i]}", file=sys.stderr)
     return 1 if differ else 0

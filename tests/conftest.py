@@ -23,12 +23,20 @@ needs_wikitext = pytest.mark.skipif(not WIKITEXT.is_dir(), reason=f"no WikiText-
 ON_CPU = ("--device", "cpu")
 
 
-def run_tcli(*args: str, cwd: Path | None = None, input: str | None = None, timeout: float = 300,
-             env: dict | None = None) -> subprocess.CompletedProcess:
+def run_tcli(
+    *args: str, cwd: Path | None = None, input: str | None = None, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """`python -m transformer_cli ARGS` in a subprocess (the way a user runs it)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "transformer_cli", *args], cwd=cwd or ROOT, input=input,
-                          capture_output=True, text=True, timeout=timeout, env=full_env)
+    return subprocess.run(
+        [sys.executable, "-m", "transformer_cli", *args],
+        cwd=cwd or ROOT,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
 
 
 KILLER = """
@@ -84,8 +92,13 @@ def run_killed(kill_step: int, where: str, *args: str) -> subprocess.CompletedPr
     step_<kill_step>.pt written to its temporary file; "metrics" halfway through the train event of
     step kill_step; "eval" at the start of the evaluation at step kill_step; "test" at the start of the
     final test evaluation (translation); "end" before the test/end events are logged."""
-    return subprocess.run([sys.executable, "-c", KILLER, where, str(kill_step), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", KILLER, where, str(kill_step), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def toy_subset(folder: Path, train: int, valid: int, newline: str = "\n") -> Path:

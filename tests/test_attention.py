@@ -15,12 +15,14 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def tiny_transformer(seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    return Transformer(40, 40, d_model=32, heads=4, ffn_dim=64, enc_layers=2, dec_layers=3, dropout=0.0,
-                       max_positions=64).eval()
+    return Transformer(
+        40, 40, d_model=32, heads=4, ffn_dim=64, enc_layers=2, dec_layers=3, dropout=0.0, max_positions=64
+    ).eval()
 
 
-def by_hand(attn: MultiHeadAttention, q_in: torch.Tensor, k_in: torch.Tensor, pad_mask: torch.Tensor | None,
-            causal: bool) -> torch.Tensor:
+def by_hand(
+    attn: MultiHeadAttention, q_in: torch.Tensor, k_in: torch.Tensor, pad_mask: torch.Tensor | None, causal: bool
+) -> torch.Tensor:
     """softmax(Q K^T / sqrt(d_k)) from the module's own projections, masks applied by hand, (B, H, T, S)."""
     B, T, d = q_in.shape
     S, H, d_k = k_in.size(1), attn.heads, attn.d_k

@@ -25,6 +25,7 @@ def tcli(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(app, list(args))
     return result.exit_code, result.stderr
 
+
 MODEL = {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1, "max_positions": 64}
 
 
@@ -34,20 +35,41 @@ def write_checkpoint(path: Path, vocab, seed: int, step: int, **model) -> Path:
     cfg = build_config(TranslationRunConfig, raw, "test")
     torch.manual_seed(seed)
     weights = build_transformer(cfg.model, len(vocab), len(vocab)).state_dict()
-    state = {"tcli": {"kind": "translation", "version": "test"}, "config": cfg.model_dump(mode="json"),
-             "vocab": {"joint": vocab.model_bytes}, "model": weights, "optimizer": {"state": {}},
-             "train_state": {"step": step}}
+    state = {
+        "tcli": {"kind": "translation", "version": "test"},
+        "config": cfg.model_dump(mode="json"),
+        "vocab": {"joint": vocab.model_bytes},
+        "model": weights,
+        "optimizer": {"state": {}},
+        "train_state": {"step": step},
+    }
     write_atomic(serialize(state), path)
     return path
 
 
 def write_bert_checkpoint(path: Path) -> Path:
-    vocab = train_vocab((TOY / "train.src").read_text(encoding="utf-8").splitlines(), size=100, pad_piece="[PAD]",
-                        unk_piece="[UNK]", control_symbols=("[CLS]", "[SEP]", "[MASK]"), bos_eos=False)
-    cfg = build_config(BertRunConfig, {"model": {"d_model": 16, "layers": 1, "heads": 2, "ffn_dim": 32,
-                                                 "max_positions": 160}, "train": {"max_steps": 1}}, "test")
-    state = {"tcli": {"kind": "bert", "version": "test"}, "config": cfg.model_dump(mode="json"),
-             "vocab": {"bert": vocab.model_bytes}, "model": build_bert(cfg.model, len(vocab)).state_dict()}
+    vocab = train_vocab(
+        (TOY / "train.src").read_text(encoding="utf-8").splitlines(),
+        size=100,
+        pad_piece="[PAD]",
+        unk_piece="[UNK]",
+        control_symbols=("[CLS]", "[SEP]", "[MASK]"),
+        bos_eos=False,
+    )
+    cfg = build_config(
+        BertRunConfig,
+        {
+            "model": {"d_model": 16, "layers": 1, "heads": 2, "ffn_dim": 32, "max_positions": 160},
+            "train": {"max_steps": 1},
+        },
+        "test",
+    )
+    state = {
+        "tcli": {"kind": "bert", "version": "test"},
+        "config": cfg.model_dump(mode="json"),
+        "vocab": {"bert": vocab.model_bytes},
+        "model": build_bert(cfg.model, len(vocab)).state_dict(),
+    }
     write_atomic(serialize(state), path)
     return path
 
@@ -94,12 +116,15 @@ def test_run_last_n_takes_the_newest_steps_by_number(tmp_path, vocab):
     assert code == 2 and "holds only 3 step_<N>.pt" in err
 
 
-@pytest.mark.parametrize("change, message", [
-    ("vocab", "different vocabularies"),
-    ({"d_model": 32}, "model.d_model is 16 in one and 32 in the other"),
-    ({"norm": "pre"}, "model.norm is post in one and pre in the other"),
-    ("kind", "one holds a translation model, the other a bert model"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ("vocab", "different vocabularies"),
+        ({"d_model": 32}, "model.d_model is 16 in one and 32 in the other"),
+        ({"norm": "pre"}, "model.norm is post in one and pre in the other"),
+        ("kind", "one holds a translation model, the other a bert model"),
+    ],
+)
 def test_mismatched_checkpoints_are_refused_in_one_line(tmp_path, vocab, change, message):
     a = write_checkpoint(tmp_path / "a.pt", vocab, seed=1, step=1)
     if change == "vocab":
@@ -115,14 +140,17 @@ def test_mismatched_checkpoints_are_refused_in_one_line(tmp_path, vocab, change,
     assert not (tmp_path / "avg.pt").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--checkpoints", "{d}/A.pt"], "at least two checkpoints"),
-    (["--checkpoints", "{d}/A.pt", "{d}/missing.pt"], "checkpoint not found: {d}/missing.pt"),
-    (["--checkpoints", "{d}/A.pt", "{d}/A.pt", "--run", "{d}"], "pass either --checkpoints"),
-    (["--run", "{d}"], "--run needs --last"),
-    ([], "pass either --checkpoints"),
-    (["--run", "{d}/nowhere", "--last", "2"], "no checkpoints/ folder"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--checkpoints", "{d}/A.pt"], "at least two checkpoints"),
+        (["--checkpoints", "{d}/A.pt", "{d}/missing.pt"], "checkpoint not found: {d}/missing.pt"),
+        (["--checkpoints", "{d}/A.pt", "{d}/A.pt", "--run", "{d}"], "pass either --checkpoints"),
+        (["--run", "{d}"], "--run needs --last"),
+        ([], "pass either --checkpoints"),
+        (["--run", "{d}/nowhere", "--last", "2"], "no checkpoints/ folder"),
+    ],
+)
 def test_bad_arguments_exit_2(tmp_path, vocab, args, message):
     write_checkpoint(tmp_path / "A.pt", vocab, seed=1, step=1)
     code, err = tcli("average", *(a.format(d=tmp_path) for a in args), "--out", str(tmp_path / "avg.pt"))
@@ -135,11 +163,13 @@ def test_train_average_last_writes_and_scores_the_mean_of_the_last_step_checkpoi
 
     data = toy_subset(tmp_path / "data", train=200, valid=10)
     config = tmp_path / "avg.yaml"
-    config.write_text(f"data: {{dir: {data}, max_len: 60}}\nvocab: {{size: 100}}\n"
-                      "model: {d_model: 16, heads: 2, ffn_dim: 32, enc_layers: 1, dec_layers: 1}\n"
-                      "train: {max_steps: 6, max_tokens: 400, lr: 0.003, warmup_steps: 2, precision: fp32,\n"
-                      "        eval_every: 6, save_every: 2, log_every: 2, keep_last: 3, average_last: 3}\n"
-                      "eval: {beam: 1, max_len_b: 5}\n")
+    config.write_text(
+        f"data: {{dir: {data}, max_len: 60}}\nvocab: {{size: 100}}\n"
+        "model: {d_model: 16, heads: 2, ffn_dim: 32, enc_layers: 1, dec_layers: 1}\n"
+        "train: {max_steps: 6, max_tokens: 400, lr: 0.003, warmup_steps: 2, precision: fp32,\n"
+        "        eval_every: 6, save_every: 2, log_every: 2, keep_last: 3, average_last: 3}\n"
+        "eval: {beam: 1, max_len_b: 5}\n"
+    )
     run = tmp_path / "run"
     result = run_tcli("train", "--config", str(config), "--out", str(run), "--quiet")
     assert result.returncode == 0, result.stderr
@@ -152,6 +182,5 @@ def test_train_average_last_writes_and_scores_the_mean_of_the_last_step_checkpoi
     log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["checkpoint"] for e in log if e["event"] == "test"] == ["best.pt", "averaged.pt"]
     assert [e["checkpoints"] for e in log if e["event"] == "averaged"] == [["step_2.pt", "step_4.pt", "step_6.pt"]]
-    refused = run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r2"),
-                       "--set", "train.keep_last=2")
+    refused = run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r2"), "--set", "train.keep_last=2")
     assert refused.returncode == 2 and "train.average_last (3) needs train.keep_last >= 3" in refused.stderr

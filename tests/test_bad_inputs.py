@@ -26,12 +26,20 @@ def good(tmp_path_factory, toy_vocab) -> dict[str, Any]:
     """A well-formed translation checkpoint state (untrained), as the trainer writes it."""
     from transformer_cli.models.builders import build_transformer
 
-    raw = {"vocab": {"size": 200}, "train": {"max_steps": 1}, "data": {"max_len": 50},
-           "model": {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1, "max_positions": 64}}
+    raw = {
+        "vocab": {"size": 200},
+        "train": {"max_steps": 1},
+        "data": {"max_len": 50},
+        "model": {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1, "max_positions": 64},
+    }
     cfg = build_config(TranslationRunConfig, raw, "test")
     model = build_transformer(cfg.model, len(toy_vocab), len(toy_vocab))
-    return {"tcli": {"kind": "translation", "version": "0.1.0"}, "config": cfg.model_dump(mode="json"),
-            "vocab": {"joint": toy_vocab.model_bytes}, "model": model.state_dict()}
+    return {
+        "tcli": {"kind": "translation", "version": "0.1.0"},
+        "config": cfg.model_dump(mode="json"),
+        "vocab": {"joint": toy_vocab.model_bytes},
+        "model": model.state_dict(),
+    }
 
 
 def damaged(good: dict[str, Any], how: str) -> Any:
@@ -75,9 +83,28 @@ def damaged(good: dict[str, Any], how: str) -> Any:
     return state
 
 
-CASES = ["string", "list", "no_meta", "unknown_kind", "no_config", "invalid_config", "unknown_key", "no_vocab",
-         "bad_vocab_bytes", "vocab_not_bytes", "wrong_shape", "missing_tensor", "not_a_tensor", "absurd_sizes",
-         "beyond_bounds", "nan_weights", "weights_not_dict", "truncated", "empty_file", "directory"]
+CASES = [
+    "string",
+    "list",
+    "no_meta",
+    "unknown_kind",
+    "no_config",
+    "invalid_config",
+    "unknown_key",
+    "no_vocab",
+    "bad_vocab_bytes",
+    "vocab_not_bytes",
+    "wrong_shape",
+    "missing_tensor",
+    "not_a_tensor",
+    "absurd_sizes",
+    "beyond_bounds",
+    "nan_weights",
+    "weights_not_dict",
+    "truncated",
+    "empty_file",
+    "directory",
+]
 
 
 def write_case(tmp_path: Path, good: dict[str, Any], how: str) -> Path:
@@ -113,8 +140,16 @@ def test_library_loading_is_one_line_for_every_command(tmp_path, good, how):
     assert "\n" not in str(err.value) and len(str(err.value)) < 600
     with pytest.raises(UserError):
         export_hf(path, tmp_path / "hf")  # a translation checkpoint, or a broken one: refused either way
-    if how not in ("wrong_shape", "nan_weights", "missing_tensor", "not_a_tensor", "bad_vocab_bytes", "absurd_sizes",
-                   "vocab_not_bytes", "no_vocab"):  # count-params counts what is stored and needs no vocabulary
+    if how not in (
+        "wrong_shape",
+        "nan_weights",
+        "missing_tensor",
+        "not_a_tensor",
+        "bad_vocab_bytes",
+        "absurd_sizes",
+        "vocab_not_bytes",
+        "no_vocab",
+    ):  # count-params counts what is stored and needs no vocabulary
         with pytest.raises(UserError):
             count_checkpoint(path)
 
@@ -135,16 +170,30 @@ TRANSLATION_BASE = {
     "data": {"dir": str(TOY), "max_len": 40},
     "vocab": {"size": 100, "max_sentences": 300},
     "model": {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1, "max_positions": 64},
-    "train": {"max_steps": 2, "max_minutes": 0.05, "max_tokens": 300, "warmup_steps": 1, "eval_every": 2,
-              "log_every": 1, "precision": "fp32"},
+    "train": {
+        "max_steps": 2,
+        "max_minutes": 0.05,
+        "max_tokens": 300,
+        "warmup_steps": 1,
+        "eval_every": 2,
+        "log_every": 1,
+        "precision": "fp32",
+    },
     "eval": {"beam": 1, "max_len_b": 3, "max_tokens": 2000},
 }
 BERT_BASE = {
     "data": {"max_seq_len": 32, "max_predictions": 5},
     "vocab": {"size": 120, "max_sentences": 300},
     "model": {"d_model": 16, "layers": 1, "heads": 2, "ffn_dim": 32, "max_positions": 32},
-    "train": {"max_steps": 2, "max_minutes": 0.05, "batch_size": 8, "warmup_steps": 1, "eval_every": 2,
-              "log_every": 1, "precision": "fp32"},
+    "train": {
+        "max_steps": 2,
+        "max_minutes": 0.05,
+        "batch_size": 8,
+        "warmup_steps": 1,
+        "eval_every": 2,
+        "log_every": 1,
+        "precision": "fp32",
+    },
 }
 VALUES = [0, -1, math.inf, math.nan, 1e12]
 

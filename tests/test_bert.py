@@ -30,8 +30,10 @@ IDS = SpecialIds(pad=0, cls=2, sep=3, mask=4, first_normal=5, vocab_size=60)
 def synthetic_docs(n_docs: int = 40, seed: int = 0, max_sentences: int = 12) -> list[list[list[int]]]:
     """Documents of 1-max_sentences sentences, each a run of 3-12 token ids."""
     rng = random.Random(seed)
-    return [[[rng.randrange(5, 60) for _ in range(rng.randint(3, 12))] for _ in range(rng.randint(1, max_sentences))]
-            for _ in range(n_docs)]
+    return [
+        [[rng.randrange(5, 60) for _ in range(rng.randint(3, 12))] for _ in range(rng.randint(1, max_sentences))]
+        for _ in range(n_docs)
+    ]
 
 
 def test_masking_statistics_and_specials_never_masked():
@@ -94,8 +96,11 @@ def test_nsp_balanced_and_is_next_pairs_really_consecutive():
 def test_short_sequences_appear_at_the_requested_rate():
     """short_seq_prob draws a random shorter target length; at 1.0 every target is uniform in [2, max]."""
     docs = synthetic_docs(300, seed=4, max_sentences=60)
-    mean = {p: sum(map(len, xs)) / len(xs) for p in (0.0, 0.1, 1.0)
-            for xs in [make_instances(docs, 128, p, random.Random(0))]}
+    mean = {
+        p: sum(map(len, xs)) / len(xs)
+        for p in (0.0, 0.1, 1.0)
+        for xs in [make_instances(docs, 128, p, random.Random(0))]
+    }
     assert mean[0.0] > 95  # filled up to max_seq_len (125 content tokens) save document ends
     assert mean[1.0] < 0.7 * mean[0.0]
     assert mean[1.0] < mean[0.1] < mean[0.0]
@@ -103,8 +108,9 @@ def test_short_sequences_appear_at_the_requested_rate():
 
 def tiny_bert() -> Bert:
     torch.manual_seed(0)
-    return Bert(vocab_size=60, d_model=32, layers=2, heads=4, ffn_dim=64, max_positions=64, dropout=0.0,
-                attention_dropout=0.0).eval()
+    return Bert(
+        vocab_size=60, d_model=32, layers=2, heads=4, ffn_dim=64, max_positions=64, dropout=0.0, attention_dropout=0.0
+    ).eval()
 
 
 def batch(seed: int = 0):
@@ -159,15 +165,23 @@ def test_mlm_gradient_only_reaches_through_masked_positions():
 
 
 def test_sentence_splitter():
-    text = "Dr. Smith arrived at 5 p.m. yesterday. He met J. Doe! Was it fun? \"Yes.\" It was 3.5 km away."
-    assert split_sentences(text) == ["Dr. Smith arrived at 5 p.m. yesterday.", "He met J. Doe!", "Was it fun?",
-                                     "\"Yes.\"", "It was 3.5 km away."]
+    text = 'Dr. Smith arrived at 5 p.m. yesterday. He met J. Doe! Was it fun? "Yes." It was 3.5 km away.'
+    assert split_sentences(text) == [
+        "Dr. Smith arrived at 5 p.m. yesterday.",
+        "He met J. Doe!",
+        "Was it fun?",
+        '"Yes."',
+        "It was 3.5 km away.",
+    ]
 
 
 def test_wikitext_documents(tmp_path):
     path = tmp_path / "w.txt"
-    path.write_text(" \n = Alpha = \n \n A first line . A second one .\n \n = = Section = = \n More text here .\n"
-                    " = Beta = \n Beta text . And more .\n", encoding="utf-8")
+    path.write_text(
+        " \n = Alpha = \n \n A first line . A second one .\n \n = = Section = = \n More text here .\n"
+        " = Beta = \n Beta text . And more .\n",
+        encoding="utf-8",
+    )
     docs = read_documents(path, "wikitext", split=True)
     assert docs == [["A first line .", "A second one .", "More text here ."], ["Beta text .", "And more ."]]
 
@@ -194,9 +208,19 @@ def test_hf_equivalence_of_logits(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install -e .[dev])")
     from transformer_cli.hf import from_hf_state_dict, hf_config, to_hf_state_dict
 
-    cfg = load_config(BertRunConfig, None, ["train.max_steps=1", "model.d_model=32", "model.layers=2",
-                                            "model.heads=4", "model.ffn_dim=64", "model.max_positions=64",
-                                            "data.max_seq_len=64"])
+    cfg = load_config(
+        BertRunConfig,
+        None,
+        [
+            "train.max_steps=1",
+            "model.d_model=32",
+            "model.layers=2",
+            "model.heads=4",
+            "model.ffn_dim=64",
+            "model.max_positions=64",
+            "data.max_seq_len=64",
+        ],
+    )
     torch.manual_seed(0)
     ours = Bert(vocab_size=60, d_model=32, layers=2, heads=4, ffn_dim=64, max_positions=64).eval()
     with torch.no_grad():  # non-trivial LayerNorm and bias values, so a swapped name cannot hide

@@ -171,11 +171,14 @@ def test_epochs_are_deterministic_complete_and_equal_in_size():
 
     def batch(plan, i):
         spec = plan[i]
-        return make_plan_batch(plan, spec, spans_of(tokens), offsets, IDS, 0.15, 20,
-                               torch.Generator().manual_seed(spec.number))
+        return make_plan_batch(
+            plan, spec, spans_of(tokens), offsets, IDS, 0.15, 20, torch.Generator().manual_seed(spec.number)
+        )
 
-    assert all(torch.equal(getattr(batch(plans[1], 5), f), getattr(batch(again, 5), f))
-               for f in ("input_ids", "segment_ids", "mlm_labels", "nsp_labels"))
+    assert all(
+        torch.equal(getattr(batch(plans[1], 5), f), getattr(batch(again, 5), f))
+        for f in ("input_ids", "segment_ids", "mlm_labels", "nsp_labels")
+    )
     for plan in plans:
         assert len(plan) == math.ceil(n / batch_size)
         rows = np.concatenate([spec.rows for spec in plan])
@@ -206,11 +209,19 @@ def test_plan_batches_equal_todays_collate_and_masks(tmp_path):
             b = [t for s in range(plan.b_start[r], plan.b_end[r]) for t in sentence(s)]
             truncated += len(a) + len(b) > 21
             _truncate_pair(a, b, 21)
-            instances.append(Instance(a, b, bool(plan.is_next[r]), Span(doc, first, plan.a_end[r]),
-                                      Span(-1, plan.b_start[r], plan.b_end[r])))
+            instances.append(
+                Instance(
+                    a,
+                    b,
+                    bool(plan.is_next[r]),
+                    Span(doc, first, plan.a_end[r]),
+                    Span(-1, plan.b_start[r], plan.b_end[r]),
+                )
+            )
         want = make_batch(instances, IDS, 0.15, 20, torch.Generator().manual_seed(spec.number), multiple=8)
-        got = make_plan_batch(plan, spec, spans_of(tokens), offsets, IDS, 0.15, 20,
-                              torch.Generator().manual_seed(spec.number), multiple=8)
+        got = make_plan_batch(
+            plan, spec, spans_of(tokens), offsets, IDS, 0.15, 20, torch.Generator().manual_seed(spec.number), multiple=8
+        )
         for field in ("input_ids", "segment_ids", "mlm_labels", "nsp_labels"):
             assert torch.equal(getattr(got, field), getattr(want, field)), field
         assert (got.masked, got.real_tokens) == (want.masked, want.real_tokens)

@@ -20,8 +20,10 @@ train: {{batch_size: 8, max_steps: {steps}, accum_steps: 2, lr: 0.002, warmup_st
         eval_every: 6, save_every: 2, log_every: 2, seed: 5}}
 """
 
-WORDS = ("river mountain city forest king queen soldier farmer ship bridge castle village market storm winter "
-         "summer horse wolf tower garden").split()
+WORDS = (
+    "river mountain city forest king queen soldier farmer ship bridge castle village market storm winter "
+    "summer horse wolf tower garden"
+).split()
 VERBS = "saw built crossed left found guarded painted visited sold watched".split()
 
 
@@ -71,8 +73,9 @@ def test_pretrain_metrics_and_resume_after_sigkill(tmp_path, corpus):
 
     crash = run_killed(9, "step", "pretrain-bert", "--config", str(cfg), "--out", str(killed), "--quiet", *ON_CPU)
     assert crash.returncode == -signal.SIGKILL
-    resumed = run_tcli("pretrain-bert", "--config", str(cfg), "--out", str(killed), "--resume", "auto", "--quiet",
-                       *ON_CPU)
+    resumed = run_tcli(
+        "pretrain-bert", "--config", str(cfg), "--out", str(killed), "--resume", "auto", "--quiet", *ON_CPU
+    )
     assert resumed.returncode == 0, resumed.stderr
     a = torch.load(straight / "checkpoints" / "last.pt", weights_only=True)["model"]
     b = torch.load(killed / "checkpoints" / "last.pt", weights_only=True)["model"]
@@ -92,8 +95,9 @@ def test_export_hf_loads_in_transformers_and_init_from_hf(tmp_path, corpus):
     from transformer_cli.models.builders import build_bert
 
     state = torch.load(run / "checkpoints" / "best.pt", weights_only=True)
-    ours = build_bert(BertRunConfig.model_validate(state["config"]).model,
-                      state["model"]["embeddings.token.weight"].shape[0])
+    ours = build_bert(
+        BertRunConfig.model_validate(state["config"]).model, state["model"]["embeddings.token.weight"].shape[0]
+    )
     ours.load_state_dict(state["model"])
     ours.eval()
     ids = torch.tensor([[2, 10, 11, 12, 3, 13, 14, 3]])
@@ -103,21 +107,45 @@ def test_export_hf_loads_in_transformers_and_init_from_hf(tmp_path, corpus):
     assert (mlm - ref.prediction_logits).abs().max() < 1e-4
     assert (nsp - ref.seq_relationship_logits).abs().max() < 1e-4
 
-    again = run_tcli("pretrain-bert", "--config", str(cfg), "--out", str(tmp_path / "again"), "--init-from-hf",
-                     str(hf_dir), "--set", "train.max_steps=1", "--set", "train.eval_every=1", "--quiet")
+    again = run_tcli(
+        "pretrain-bert",
+        "--config",
+        str(cfg),
+        "--out",
+        str(tmp_path / "again"),
+        "--init-from-hf",
+        str(hf_dir),
+        "--set",
+        "train.max_steps=1",
+        "--set",
+        "train.eval_every=1",
+        "--quiet",
+    )
     assert again.returncode == 0, again.stderr
     start = torch.load(tmp_path / "again" / "checkpoints" / "last.pt", weights_only=True)
     assert start["vocab"] == state["vocab"]  # the exported vocabulary, not a new one
-    wrong = run_tcli("pretrain-bert", "--config", str(cfg), "--out", str(tmp_path / "wrong"), "--init-from-hf",
-                     str(hf_dir), "--set", "model.layers=3")
+    wrong = run_tcli(
+        "pretrain-bert",
+        "--config",
+        str(cfg),
+        "--out",
+        str(tmp_path / "wrong"),
+        "--init-from-hf",
+        str(hf_dir),
+        "--set",
+        "model.layers=3",
+    )
     assert wrong.returncode == 2 and "num_hidden_layers is 2 but model.layers is 3" in wrong.stderr
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "holds no text"),
-    ("One sentence here.\nAnother one follows.\n", "holds a single document"),
-    ("Lonely.\n\nAlone.\n\nSingle.\n", "no document has two sentences"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "holds no text"),
+        ("One sentence here.\nAnother one follows.\n", "holds a single document"),
+        ("Lonely.\n\nAlone.\n\nSingle.\n", "no document has two sentences"),
+    ],
+)
 def test_bad_corpora_exit_2_with_one_line(tmp_path, corpus, text, message):
     data = tmp_path / "data"
     data.mkdir()

@@ -28,10 +28,26 @@ def test_shipped_configs_exist():
 
 def test_required_keys_exist():
     cfg = load_config(TranslationRunConfig, None, ["train.max_steps=1"])
-    for key in ["data.dir", "data.src_lang", "data.tgt_lang", "vocab.size", "model.d_model", "model.heads",
-                "model.ffn_dim", "model.enc_layers", "model.dec_layers", "model.dropout", "train.max_steps",
-                "train.max_epochs", "train.max_tokens", "train.lr", "train.warmup_steps", "train.precision",
-                "train.seed", "train.eval_every"]:
+    for key in [
+        "data.dir",
+        "data.src_lang",
+        "data.tgt_lang",
+        "vocab.size",
+        "model.d_model",
+        "model.heads",
+        "model.ffn_dim",
+        "model.enc_layers",
+        "model.dec_layers",
+        "model.dropout",
+        "train.max_steps",
+        "train.max_epochs",
+        "train.max_tokens",
+        "train.lr",
+        "train.warmup_steps",
+        "train.precision",
+        "train.seed",
+        "train.eval_every",
+    ]:
         section, name = key.split(".")
         assert name in type(getattr(cfg, section)).model_fields, key
 
@@ -44,7 +60,10 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_overrides_are_yaml_scalars_and_nest():
     assert parse_overrides(["train.lr=1e-3", "model.norm=pre", "data.test=null", "train.compile=true"]) == {
-        "train": {"lr": 1e-3, "compile": True}, "model": {"norm": "pre"}, "data": {"test": None}}
+        "train": {"lr": 1e-3, "compile": True},
+        "model": {"norm": "pre"},
+        "data": {"test": None},
+    }
     cfg = load_config(TranslationRunConfig, None, ["train.max_steps=5", "model.d_model=64", "model.heads=4"])
     assert (cfg.train.max_steps, cfg.model.d_model) == (5, 64)
 
@@ -55,16 +74,23 @@ def test_override_beats_file(tmp_path):
     assert cfg.train.lr == 0.5 and cfg.train.max_steps == 10
 
 
-@pytest.mark.parametrize("text, overrides, expected", [
-    ("train: {max_steps: 10, lrr: 0.1}\n", [], r"train\.lrr: unknown key; valid keys here: max_steps"),
-    ("train: {max_steps: ten}\n", [], r"train\.max_steps: .*integer"),
-    ("train: {max_steps: 10, lr: -1}\n", [], r"train\.lr: .*greater than 0"),
-    ("train: {max_steps: 10}\nmodel: {norm: middle}\n", [], r"model\.norm: .*'post' or 'pre'"),
-    ("train: {max_steps: 10}\nmodel: {d_model: 30, heads: 4}\n", [], r"model\.d_model \(30\).*model\.heads \(4\)"),
-    ("train: {max_steps: 10}\n", ["model.dropout=1.5"], r"--set model\.dropout=1\.5: model\.dropout: .*less than 1"),
-    ("train: {}\n", [], r"train\.max_steps, train\.max_epochs or train\.max_minutes"),
-    ("train: {max_steps: 10}\nsurprise: 1\n", [], r"surprise: unknown key; valid keys here: data, vocab"),
-])
+@pytest.mark.parametrize(
+    "text, overrides, expected",
+    [
+        ("train: {max_steps: 10, lrr: 0.1}\n", [], r"train\.lrr: unknown key; valid keys here: max_steps"),
+        ("train: {max_steps: ten}\n", [], r"train\.max_steps: .*integer"),
+        ("train: {max_steps: 10, lr: -1}\n", [], r"train\.lr: .*greater than 0"),
+        ("train: {max_steps: 10}\nmodel: {norm: middle}\n", [], r"model\.norm: .*'post' or 'pre'"),
+        ("train: {max_steps: 10}\nmodel: {d_model: 30, heads: 4}\n", [], r"model\.d_model \(30\).*model\.heads \(4\)"),
+        (
+            "train: {max_steps: 10}\n",
+            ["model.dropout=1.5"],
+            r"--set model\.dropout=1\.5: model\.dropout: .*less than 1",
+        ),
+        ("train: {}\n", [], r"train\.max_steps, train\.max_epochs or train\.max_minutes"),
+        ("train: {max_steps: 10}\nsurprise: 1\n", [], r"surprise: unknown key; valid keys here: data, vocab"),
+    ],
+)
 def test_bad_values_name_key_and_file(tmp_path, text, overrides, expected):
     path = write(tmp_path, text)
     with pytest.raises(UserError, match=expected) as err:

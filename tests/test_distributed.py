@@ -42,8 +42,18 @@ def torchrun(n: int, *args: str, timeout: float = 300, **popen) -> subprocess.Co
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TCLI_DIST_TIMEOUT": "60"}
     # These tests are about CPU processes (gloo): --device cpu keeps them so where CUDA is visible too
     # (scripts/gpu_check.sh runs the suite there, with one GPU for the two ranks).
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-           "-m", "transformer_cli", *args, "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        "-m",
+        "transformer_cli",
+        *args,
+        "--device",
+        "cpu",
+    ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -90,17 +100,20 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, data, comm
 def test_resume_across_world_sizes(tmp_path, data):
     config = tmp_path / "c.yaml"
     config.write_text(TRANSLATION.format(data=data, steps=8))
-    straight = run_tcli("train", "--config", str(config), "--out", str(tmp_path / "straight"), "--quiet",
-                        "--device", "cpu")
+    straight = run_tcli(
+        "train", "--config", str(config), "--out", str(tmp_path / "straight"), "--quiet", "--device", "cpu"
+    )
     assert straight.returncode == 0, straight.stderr
     for n, name in ((1, "to1"), (4, "to4")):
         run = tmp_path / name
-        first = torchrun(2, "train", "--config", str(config), "--out", str(run), "--set", "train.max_steps=4",
-                         "--quiet")
+        first = torchrun(
+            2, "train", "--config", str(config), "--out", str(run), "--set", "train.max_steps=4", "--quiet"
+        )
         assert first.returncode == 0, first.stderr[-3000:]
         if n == 1:
-            second = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet",
-                              "--device", "cpu")
+            second = run_tcli(
+                "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet", "--device", "cpu"
+            )
         else:
             second = torchrun(n, "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet")
         assert second.returncode == 0, second.stderr[-3000:]
@@ -111,9 +124,23 @@ def test_a_dead_rank_ends_the_job(tmp_path, data):
     config = tmp_path / "c.yaml"
     config.write_text(TRANSLATION.format(data=data, steps=100000))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TCLI_DIST_TIMEOUT": "60"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "transformer_cli", "train", "--config", str(config), "--out", str(tmp_path / "run"), "--quiet",
-           "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "transformer_cli",
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "run"),
+        "--quiet",
+        "--device",
+        "cpu",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 120

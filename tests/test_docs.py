@@ -35,6 +35,16 @@ def test_every_module_imports_with_base_dependencies():
 
 def test_readme_mentions_every_command():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    for command in ("tcli train", "tcli translate", "tcli pretrain-bert", "tcli export-hf", "tcli count-params",
-                    "tcli evaluate", "tcli fill-mask", "tcli plot", "tcli export-ct2", "tcli average"):
+    for command in (
+        "tcli train",
+        "tcli translate",
+        "tcli pretrain-bert",
+        "tcli export-hf",
+        "tcli count-params",
+        "tcli evaluate",
+        "tcli fill-mask",
+        "tcli plot",
+        "tcli export-ct2",
+        "tcli average",
+    ):
         assert command in text

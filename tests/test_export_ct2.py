@@ -47,9 +47,23 @@ def train_small(norm: str, joint: bool, tied: bool, steps: int = 80) -> tuple[di
     src, tgt = toy("train", "src", 400), toy("train", "tgt", 400)
     src_vocab = train_vocab(src + tgt, 150) if joint else train_vocab(src, 100)
     tgt_vocab = src_vocab if joint else train_vocab(tgt, 110)
-    raw = {"vocab": {"joint": joint}, "data": {"max_len": 60}, "train": {"max_steps": steps},
-           "model": {"d_model": 32, "heads": 4, "ffn_dim": 64, "enc_layers": 2, "dec_layers": 2, "dropout": 0.0,
-                     "norm": norm, "share_embeddings": joint, "tie_output": tied, "max_positions": 128}}
+    raw = {
+        "vocab": {"joint": joint},
+        "data": {"max_len": 60},
+        "train": {"max_steps": steps},
+        "model": {
+            "d_model": 32,
+            "heads": 4,
+            "ffn_dim": 64,
+            "enc_layers": 2,
+            "dec_layers": 2,
+            "dropout": 0.0,
+            "norm": norm,
+            "share_embeddings": joint,
+            "tie_output": tied,
+            "max_positions": 128,
+        },
+    }
     cfg = build_config(TranslationRunConfig, raw, "test")
     torch.manual_seed(0)
     model = build_transformer(cfg.model, len(src_vocab), len(tgt_vocab))
@@ -67,8 +81,12 @@ def train_small(norm: str, joint: bool, tied: bool, steps: int = 80) -> tuple[di
     finally:
         torch.set_num_threads(threads)
     vocab = {"joint": src_vocab.model_bytes} if joint else {"src": src_vocab.model_bytes, "tgt": tgt_vocab.model_bytes}
-    return {"tcli": {"kind": "translation", "version": "test"}, "config": cfg.model_dump(mode="json"),
-            "vocab": vocab, "model": model.state_dict()}, model
+    return {
+        "tcli": {"kind": "translation", "version": "test"},
+        "config": cfg.model_dump(mode="json"),
+        "vocab": vocab,
+        "model": model.state_dict(),
+    }, model
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -127,8 +145,7 @@ def test_ct2_model_is_the_same_function(trained, tmp_path):
 
 
 def test_quantized_export_translates(trained, tmp_path):
-    code, err = tcli("export-ct2", "--checkpoint", str(trained), "--out", str(tmp_path / "q"), "--quantization",
-                     "int8")
+    code, err = tcli("export-ct2", "--checkpoint", str(trained), "--out", str(tmp_path / "q"), "--quantization", "int8")
     assert code == 0, err
     translator = ctranslate2.Translator(str(tmp_path / "q"), device="cpu", compute_type="int8")
     result = translator.translate_batch([["▁a", "▁b"]], beam_size=2, max_decoding_length=20)
@@ -157,5 +174,5 @@ def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch):
         prepare_folder(tmp_path / "file" / "sub", False, CT2_FILES, "CTranslate2")
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if it were not installed
     code, err = tcli("export-ct2", "--checkpoint", str(ckpt), "--out", str(tmp_path / "o"))
-    assert code == 2 and "ctranslate2 is not installed; install it with: pip install -e \".[ct2]\"" in err
+    assert code == 2 and 'ctranslate2 is not installed; install it with: pip install -e ".[ct2]"' in err
     assert all(len(e.strip().splitlines()) == 1 for e in (err,))

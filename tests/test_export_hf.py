@@ -39,21 +39,27 @@ def bert_vocab(vocab_type: str) -> Vocab:
     1 leaves rare characters out, so the corpus holds unknowns."""
     from transformer_cli.tasks.bert_setup import train_bert_vocab
 
-    cfg = build_config(BertRunConfig, {"vocab": {"size": 800, "type": vocab_type, "character_coverage": 0.9995},
-                                       "train": {"max_steps": 1}}, "test")
+    cfg = build_config(
+        BertRunConfig,
+        {"vocab": {"size": 800, "type": vocab_type, "character_coverage": 0.9995}, "train": {"max_steps": 1}},
+        "test",
+    )
     return train_bert_vocab(wikitext_lines(), cfg)
 
 
 def write_bert_checkpoint(path: Path, vocab: Vocab, seed: int = 1) -> Path:
     """A BERT checkpoint in the trainer's layout; the MLM bias is spread out so that the fill-mask scores
     of the top candidates differ clearly (an untrained head would give every token nearly 1/V)."""
-    cfg = build_config(BertRunConfig, {"model": MODEL, "data": {"max_seq_len": 64}, "train": {"max_steps": 1}},
-                       "test")
+    cfg = build_config(BertRunConfig, {"model": MODEL, "data": {"max_seq_len": 64}, "train": {"max_steps": 1}}, "test")
     torch.manual_seed(seed)
     weights = build_bert(cfg.model, len(vocab)).state_dict()
     weights["mlm_bias"] = torch.randn(len(vocab)) * 3
-    state = {"tcli": {"kind": "bert", "version": "test"}, "config": cfg.model_dump(mode="json"),
-             "vocab": {"bert": vocab.model_bytes}, "model": weights}
+    state = {
+        "tcli": {"kind": "bert", "version": "test"},
+        "config": cfg.model_dump(mode="json"),
+        "vocab": {"bert": vocab.model_bytes},
+        "model": weights,
+    }
     write_atomic(serialize(state), path)
     return path
 
@@ -109,8 +115,10 @@ def test_fill_mask_pipeline_answers_like_the_tcli_checkpoint(exported):
     ckpt, folder, vocab = exported
     fill = transformers.pipeline("fill-mask", model=str(folder), top_k=5)
     model = read_checkpoint(ckpt, kind="bert").build_model().eval()
-    for left, right in (("The European lobster is a species of", "from the eastern Atlantic Ocean ."),
-                        ("It may grow to a length of 60 cm ( 24 in ) and a", "of 6 kilograms .")):
+    for left, right in (
+        ("The European lobster is a species of", "from the eastern Atlantic Ocean ."),
+        ("It may grow to a length of 60 cm ( 24 in ) and a", "of 6 kilograms ."),
+    ):
         theirs = fill(f"{left} [MASK] {right}")
         ea, eb = vocab.encode([left, right])
         ids = torch.tensor([[2, *ea, 4, *eb, 3]])
@@ -149,8 +157,9 @@ def test_tcli_fill_mask_answers_like_the_hf_pipeline_on_the_export(exported):
 @needs_wikitext
 def test_sequence_classification_initialises_only_the_classifier(exported):
     _, folder, _ = exported
-    _, info = transformers.BertForSequenceClassification.from_pretrained(str(folder), num_labels=3,
-                                                                         output_loading_info=True)
+    _, info = transformers.BertForSequenceClassification.from_pretrained(
+        str(folder), num_labels=3, output_loading_info=True
+    )
     assert sorted(info["missing_keys"]) == ["classifier.bias", "classifier.weight"]
     assert not info["mismatched_keys"]
 
@@ -187,9 +196,15 @@ def test_non_empty_folder_needs_force_and_force_removes_foreign_files(tmp_path, 
     assert (out / "vocab.txt").exists() and not (out / "config.json").exists()  # refused before writing
     code, err = tcli("export-hf", "--checkpoint", str(ckpt), "--out", str(out), "--force")
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.md",
-                                                     "special_tokens_map.json", "spiece.model", "tokenizer.json",
-                                                     "tokenizer_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "notes.md",
+        "special_tokens_map.json",
+        "spiece.model",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
 
 
 def damage(folder: Path, how: str) -> str:
@@ -212,9 +227,10 @@ def damage(folder: Path, how: str) -> str:
     else:
         weights["bert.encoder.layer.1.output.dense.weight"] = torch.zeros(32, 63)
     save_file(weights, str(path))
-    return {"missing tensor": "model.safetensors: the weights lack bert.encoder.layer.1.attention.self.key.weight",
-            "misshaped": "bert.encoder.layer.1.output.dense.weight has shape (32, 63) but the config needs (32, 64)",
-            }[how]
+    return {
+        "missing tensor": "model.safetensors: the weights lack bert.encoder.layer.1.attention.self.key.weight",
+        "misshaped": "bert.encoder.layer.1.output.dense.weight has shape (32, 63) but the config needs (32, 64)",
+    }[how]
 
 
 @needs_wikitext
@@ -238,11 +254,20 @@ def test_export_hf_refuses_a_translation_checkpoint_and_a_file_as_folder(tmp_pat
     from transformer_cli.config import TranslationRunConfig
     from transformer_cli.models.builders import build_transformer
 
-    cfg = build_config(TranslationRunConfig, {"model": {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1,
-                                                        "dec_layers": 1}, "train": {"max_steps": 1}}, "test")
-    state = {"tcli": {"kind": "translation", "version": "test"}, "config": cfg.model_dump(mode="json"),
-             "vocab": {"joint": toy_vocab.model_bytes},
-             "model": build_transformer(cfg.model, len(toy_vocab), len(toy_vocab)).state_dict()}
+    cfg = build_config(
+        TranslationRunConfig,
+        {
+            "model": {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1},
+            "train": {"max_steps": 1},
+        },
+        "test",
+    )
+    state = {
+        "tcli": {"kind": "translation", "version": "test"},
+        "config": cfg.model_dump(mode="json"),
+        "vocab": {"joint": toy_vocab.model_bytes},
+        "model": build_transformer(cfg.model, len(toy_vocab), len(toy_vocab)).state_dict(),
+    }
     write_atomic(serialize(state), tmp_path / "t.pt")
     code, err = tcli("export-hf", "--checkpoint", str(tmp_path / "t.pt"), "--out", str(tmp_path / "hf"))
     assert code == 2 and "holds a translation model, not a bert model" in err

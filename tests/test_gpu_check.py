@@ -27,8 +27,14 @@ def run_check(*args: str, env: dict | None = None, timeout: float = 120) -> subp
     """scripts/gpu_check.sh with CUDA hidden, so that it takes the CPU path on any machine."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("OUT", gpu_check.NESTED_ENV)}
     full_env.update({"CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **(env or {})})
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=full_env)
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
 
 
 def test_cpu_run_skips_gpu_sections_and_writes_json(tmp_path):
@@ -59,8 +65,17 @@ def test_skip_reasons(monkeypatch):
 
 def test_a_section_over_its_limit_is_recorded_and_the_others_run(tmp_path):
     out = tmp_path / "r.json"
-    result = run_check("--device", "cpu", "--tiny", "--only", "device,train_translation_base,tests",
-                       "--limit", "train_translation_base=0.5", "--out", str(out))
+    result = run_check(
+        "--device",
+        "cpu",
+        "--tiny",
+        "--only",
+        "device,train_translation_base,tests",
+        "--limit",
+        "train_translation_base=0.5",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     sections = json.loads(out.read_text())["sections"]
     assert sections["device"]["status"] == "ok" and sections["device"]["peak_tflops"] > 0
@@ -137,15 +152,36 @@ def one_thread():
 
 def test_tiny_training_and_decoding_on_cpu(one_thread):
     """The measurement functions a GPU run calls, with tiny models on the CPU: they train and decode."""
-    bert = gpu_measure.measure_bert("cpu", vocab=256, batch=4, seq_len=16, masked=3, warmup=1, steps=2,
-                                  overrides=gpu_check.TINY_BERT, precision="bf16", peak_tflops=0.5,
-                                    profile=True, data_check=True)
+    bert = gpu_measure.measure_bert(
+        "cpu",
+        vocab=256,
+        batch=4,
+        seq_len=16,
+        masked=3,
+        warmup=1,
+        steps=2,
+        overrides=gpu_check.TINY_BERT,
+        precision="bf16",
+        peak_tflops=0.5,
+        profile=True,
+        data_check=True,
+    )
     assert bert["steps_timed"] == 2 and bert["batches_tried"] == [4] and bert["loss_finite"]
     assert bert["tokens_per_s"] == pytest.approx(16 * bert["sequences_per_s"], rel=1e-2)
     assert bert["mfu"] > 0 and bert["precision"] == "bf16" and bert["peak_memory_allocated_gib"] is None
-    nmt = gpu_measure.measure_translation("cpu", vocab=256, batch=8, src_len=12, tgt_len=10, warmup=1, steps=2,
-                                        overrides=gpu_check.TINY_NMT, precision="fp32", peak_tflops=0.5,
-                                          loss_check=True)
+    nmt = gpu_measure.measure_translation(
+        "cpu",
+        vocab=256,
+        batch=8,
+        src_len=12,
+        tgt_len=10,
+        warmup=1,
+        steps=2,
+        overrides=gpu_check.TINY_NMT,
+        precision="fp32",
+        peak_tflops=0.5,
+        loss_check=True,
+    )
     assert nmt["tgt_tokens_per_step"] == 80 and nmt["loss_finite"] and nmt["mfu"] > 0
     loss = nmt["loss_fwd_bwd"]
     assert loss["rows"] == 80 and min(loss["tcli_chunked_ms"], loss["tcli_one_chunk_ms"]) > 0, loss
@@ -153,8 +189,9 @@ def test_tiny_training_and_decoding_on_cpu(one_thread):
     assert profile["steps"] == 3 and profile["top"] and "Name" in profile["table"], profile
     data = bert["host_data"]
     assert data["batch_sequences"] == 4 and data["host_sequences_per_s"] > 0, data
-    dec = gpu_measure.measure_decode("cpu", vocab=256, batch=4, src_len=8, out_len=6, reps=1,
-                                   overrides=gpu_check.TINY_NMT, precision="fp32")
+    dec = gpu_measure.measure_decode(
+        "cpu", vocab=256, batch=4, src_len=8, out_len=6, reps=1, overrides=gpu_check.TINY_NMT, precision="fp32"
+    )
     assert dec["all_full_length"] and dec["decoded_tokens"] == 4 * 6 and dec["tokens_per_s"] > 0
 
 
@@ -175,19 +212,43 @@ def test_out_of_memory_halves_the_batch():
 
 def test_pytest_output_parsing():
     out = "....s.F\n=== short test summary info ===\nFAILED tests/x.py::t\n1 failed, 5 passed, 1 skipped in 12.34s\n"
-    assert gpu_check.parse_pytest_summary(out) == {"failed": 1, "passed": 5, "skipped": 1, "pytest_seconds": 12.34,
-                                                   "failures": ["tests/x.py::t"]}
-    progress = ("tests/a.py::t1 PASSED  [ 10%]\ntests/a.py::t2[x-1] SKIPPED (no data)  [ 20%]\n"
-                "tests/b.py::t3 FAILED  [ 30%]\ntests/b.py::t4 PASSED  [ 40%]\ntests/c.py::t5 ERROR  [ 50%]\n")
-    assert gpu_check.progress_counts(progress) == {"passed": 2, "failed": 1, "errors": 1, "skipped": 1,
-                                                   "failures": ["tests/b.py::t3", "tests/c.py::t5"]}
+    assert gpu_check.parse_pytest_summary(out) == {
+        "failed": 1,
+        "passed": 5,
+        "skipped": 1,
+        "pytest_seconds": 12.34,
+        "failures": ["tests/x.py::t"],
+    }
+    progress = (
+        "tests/a.py::t1 PASSED  [ 10%]\ntests/a.py::t2[x-1] SKIPPED (no data)  [ 20%]\n"
+        "tests/b.py::t3 FAILED  [ 30%]\ntests/b.py::t4 PASSED  [ 40%]\ntests/c.py::t5 ERROR  [ 50%]\n"
+    )
+    assert gpu_check.progress_counts(progress) == {
+        "passed": 2,
+        "failed": 1,
+        "errors": 1,
+        "skipped": 1,
+        "failures": ["tests/b.py::t3", "tests/c.py::t5"],
+    }
     spaced = "tests/a.py::t[train: {max_steps: 10}\\n-x] FAILED [ 50%]\ntests/a.py::u[a b] PASSED [100%]\n"
-    assert gpu_check.progress_counts(spaced) == {"passed": 1, "failed": 1, "errors": 0, "skipped": 0,
-                                                 "failures": ["tests/a.py::t[train: {max_steps: 10}\\n-x]"]}
-    xdist = ("tests/a.py::t1 \ntests/b.py::t3 \n[gw1] [ 25%] PASSED tests/a.py::t1 \n"
-             "[gw0] [ 50%] FAILED tests/b.py::t3 \n[gw1] [ 75%] SKIPPED tests/a.py::t2[x y] \n")
-    assert gpu_check.progress_counts(xdist) == {"passed": 1, "failed": 1, "errors": 0, "skipped": 1,
-                                                "failures": ["tests/b.py::t3"]}
+    assert gpu_check.progress_counts(spaced) == {
+        "passed": 1,
+        "failed": 1,
+        "errors": 0,
+        "skipped": 0,
+        "failures": ["tests/a.py::t[train: {max_steps: 10}\\n-x]"],
+    }
+    xdist = (
+        "tests/a.py::t1 \ntests/b.py::t3 \n[gw1] [ 25%] PASSED tests/a.py::t1 \n"
+        "[gw0] [ 50%] FAILED tests/b.py::t3 \n[gw1] [ 75%] SKIPPED tests/a.py::t2[x y] \n"
+    )
+    assert gpu_check.progress_counts(xdist) == {
+        "passed": 1,
+        "failed": 1,
+        "errors": 0,
+        "skipped": 1,
+        "failures": ["tests/b.py::t3"],
+    }
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -197,8 +258,14 @@ def test_the_suite_command_prints_a_line_per_test(workers):
     if workers and not gpu_check.xdist_workers(8):
         pytest.skip("pytest-xdist is not installed (gpu_check runs the suite serially then)")
     cmd = [*gpu_check.pytest_command(workers), "tests/test_config.py"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", gpu_check.NESTED_ENV: "1"})
+    done = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", gpu_check.NESTED_ENV: "1"},
+    )
     assert done.returncode == 0, done.stdout[-2000:]
     summary = gpu_check.parse_pytest_summary(done.stdout)
     assert summary["passed"] >= 10

@@ -61,13 +61,25 @@ def test_evaluate_equals_training_time_evaluation(toy_run):
         got = json.loads(result.stdout)
         logged = evals[step]
         assert (round(got["loss"], 6), round(got["ppl"], 6), round(got["bleu"], 6)) == (
-            logged["valid_loss"], logged["valid_ppl"], logged["bleu"])  # metrics.jsonl rounds to 6 decimals
+            logged["valid_loss"],
+            logged["valid_ppl"],
+            logged["bleu"],
+        )  # metrics.jsonl rounds to 6 decimals
         assert got["step"] == step and got["sentences"] == 80 and got["beam"] == 2
         assert 0 <= got["chrf"] <= 100 and got["bleu_lc"] >= got["bleu"] - 1e-9
         assert all("nrefs:1" in got[k] for k in ("bleu_signature", "bleu_lc_signature", "chrf_signature"))
 
-    files = run_tcli("evaluate", "--checkpoint", str(ckpt), "--input", str(data / "val.src"),
-                     "--reference", str(data / "val.tgt"), "--beam", "1")
+    files = run_tcli(
+        "evaluate",
+        "--checkpoint",
+        str(ckpt),
+        "--input",
+        str(data / "val.src"),
+        "--reference",
+        str(data / "val.tgt"),
+        "--beam",
+        "1",
+    )
     assert files.returncode == 0, files.stderr
     assert f"loss {got['loss']:.4f} (per-token NLL)" in files.stdout and "beam 1" in files.stdout
     assert "BLEU lowercased" in files.stdout and "chrF" in files.stdout and "nrefs:1" in files.stdout
@@ -116,9 +128,19 @@ def gold_word_pairs(source: str, translation: str, lexicon: dict) -> list[tuple[
 def test_word_alignments_recover_the_toy_word_order(toy_run):
     data = toy_run.parent / "data"
     sources = (data / "val.src").read_text(encoding="utf-8").splitlines()
-    result = run_tcli("translate", "--checkpoint", str(toy_run / "checkpoints" / "best.pt"), "--input",
-                      str(data / "val.src"), "--print-alignment", "--alignment-unit", "word",
-                      "--alignment-layer", "-1", "--quiet")
+    result = run_tcli(
+        "translate",
+        "--checkpoint",
+        str(toy_run / "checkpoints" / "best.pt"),
+        "--input",
+        str(data / "val.src"),
+        "--print-alignment",
+        "--alignment-unit",
+        "word",
+        "--alignment-layer",
+        "-1",
+        "--quiet",
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.split("\n")[:-1]
     translations, alignments = lines[0::2], lines[1::2]
@@ -144,8 +166,18 @@ def test_word_alignments_recover_the_toy_word_order(toy_run):
 
 def test_piece_alignments_format_and_default_layer(toy_run):
     lines = ["A dog sleeps.", "", "The big red dog sees a cat."]
-    result = run_tcli("translate", "--checkpoint", str(toy_run / "checkpoints" / "best.pt"), "--print-alignment",
-                      "--beam", "3", "--nbest", "2", "--quiet", input="\n".join(lines) + "\n")
+    result = run_tcli(
+        "translate",
+        "--checkpoint",
+        str(toy_run / "checkpoints" / "best.pt"),
+        "--print-alignment",
+        "--beam",
+        "3",
+        "--nbest",
+        "2",
+        "--quiet",
+        input="\n".join(lines) + "\n",
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout.split("\n")[:-1]
     assert len(out) == 2 * (2 + 1 + 2)  # every hypothesis line followed by its alignment line
@@ -153,8 +185,15 @@ def test_piece_alignments_format_and_default_layer(toy_run):
     for pair in out[1].split():
         i, j = map(int, pair.split("-"))
         assert i >= 0 and j >= 0
-    bad = run_tcli("translate", "--checkpoint", str(toy_run / "checkpoints" / "best.pt"), "--print-alignment",
-                   "--alignment-layer", "2", input="A dog sleeps.\n")
+    bad = run_tcli(
+        "translate",
+        "--checkpoint",
+        str(toy_run / "checkpoints" / "best.pt"),
+        "--print-alignment",
+        "--alignment-layer",
+        "2",
+        input="A dog sleeps.\n",
+    )
     one_line_error(bad, "--alignment-layer 2", "2 layers")
 
 
@@ -175,13 +214,24 @@ def test_attention_heatmaps_and_weights(toy_run, tmp_path):
     pytest.importorskip("matplotlib")
     lines = ["", "Two big black dogs did not see a red cat in the garden.", "A dog sleeps.", "The cat runs."]
     folder = tmp_path / "attention"
-    result = run_tcli("translate", "--checkpoint", str(toy_run / "checkpoints" / "best.pt"), "--attention",
-                      str(folder), "--attention-max", "2", input="\n".join(lines) + "\n")
+    result = run_tcli(
+        "translate",
+        "--checkpoint",
+        str(toy_run / "checkpoints" / "best.pt"),
+        "--attention",
+        str(folder),
+        "--attention-max",
+        "2",
+        input="\n".join(lines) + "\n",
+    )
     assert result.returncode == 0, result.stderr
     assert "attention of 2 sentences" in result.stderr
     names = sorted(p.name for p in folder.iterdir())
-    assert names == sorted(f"{i:04d}{suffix}" for i in (1, 2)
-                           for suffix in (".npz", "_cross.png", "_cross_heads.png", "_encoder.png", "_decoder.png"))
+    assert names == sorted(
+        f"{i:04d}{suffix}"
+        for i in (1, 2)
+        for suffix in (".npz", "_cross.png", "_cross_heads.png", "_encoder.png", "_decoder.png")
+    )
     for name in names:
         if name.endswith(".png"):
             assert_png(folder / name)
@@ -197,14 +247,24 @@ def test_attention_heatmaps_and_weights(toy_run, tmp_path):
 
 
 def test_missing_matplotlib_is_one_line(toy_run, tmp_path):
-    blocked = ("import sys; sys.modules['matplotlib'] = None; from transformer_cli.cli import main; "
-               "sys.argv = ['tcli'] + sys.argv[1:]; main()")
+    blocked = (
+        "import sys; sys.modules['matplotlib'] = None; from transformer_cli.cli import main; "
+        "sys.argv = ['tcli'] + sys.argv[1:]; main()"
+    )
     import subprocess
 
-    for args in (["translate", "--checkpoint", str(toy_run / "checkpoints" / "best.pt"), "--attention",
-                  str(tmp_path / "a")], ["plot", str(toy_run)]):
-        result = subprocess.run([sys.executable, "-c", blocked, *args], cwd=ROOT, input="A dog sleeps.\n",
-                                capture_output=True, text=True, timeout=120)
+    for args in (
+        ["translate", "--checkpoint", str(toy_run / "checkpoints" / "best.pt"), "--attention", str(tmp_path / "a")],
+        ["plot", str(toy_run)],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-c", blocked, *args],
+            cwd=ROOT,
+            input="A dog sleeps.\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         one_line_error(result, "matplotlib", "transformer-cli[plot]")
 
 

@@ -85,8 +85,13 @@ def _random_bert(rng: random.Random) -> BertRunConfig:
     heads = rng.choice([1, 2, 3, 4, 8])
     raw = {
         "vocab": {"size": rng.randint(16, 3000)},
-        "model": {"d_model": heads * rng.randint(1, 12), "heads": heads, "layers": rng.randint(1, 5),
-                  "ffn_dim": rng.randint(1, 200), "max_positions": rng.randint(8, 600)},
+        "model": {
+            "d_model": heads * rng.randint(1, 12),
+            "heads": heads,
+            "layers": rng.randint(1, 5),
+            "ffn_dim": rng.randint(1, 200),
+            "max_positions": rng.randint(8, 600),
+        },
         "data": {"max_seq_len": 8},
         "train": {"max_steps": 1},
     }
@@ -98,9 +103,17 @@ def _random_translation(rng: random.Random) -> TranslationRunConfig:
     share = rng.random() < 0.5
     raw = {
         "vocab": {"size": rng.randint(16, 3000), "joint": share or rng.random() < 0.5},
-        "model": {"d_model": 2 * heads * rng.randint(1, 8), "heads": heads, "ffn_dim": rng.randint(1, 200),
-                  "enc_layers": rng.randint(1, 4), "dec_layers": rng.randint(1, 4), "max_positions": 16,
-                  "norm": rng.choice(["pre", "post"]), "share_embeddings": share, "tie_output": rng.random() < 0.5},
+        "model": {
+            "d_model": 2 * heads * rng.randint(1, 8),
+            "heads": heads,
+            "ffn_dim": rng.randint(1, 200),
+            "enc_layers": rng.randint(1, 4),
+            "dec_layers": rng.randint(1, 4),
+            "max_positions": 16,
+            "norm": rng.choice(["pre", "post"]),
+            "share_embeddings": share,
+            "tie_output": rng.random() < 0.5,
+        },
         "data": {"max_len": 8},
         "train": {"max_steps": 1},
     }
@@ -155,9 +168,21 @@ def _save(tmp_path: Path, kind: str, cfg, model: torch.nn.Module) -> Path:
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_translation_checkpoint(tmp_path, capsys, tie):
-    raw = {"vocab": {"size": 100}, "data": {"max_len": 30}, "train": {"max_steps": 1},
-           "model": {"d_model": 16, "heads": 2, "ffn_dim": 40, "enc_layers": 2, "dec_layers": 1,
-                     "max_positions": 32, "share_embeddings": tie, "tie_output": tie}}
+    raw = {
+        "vocab": {"size": 100},
+        "data": {"max_len": 30},
+        "train": {"max_steps": 1},
+        "model": {
+            "d_model": 16,
+            "heads": 2,
+            "ffn_dim": 40,
+            "enc_layers": 2,
+            "dec_layers": 1,
+            "max_positions": 32,
+            "share_embeddings": tie,
+            "tie_output": tie,
+        },
+    }
     cfg = build_config(TranslationRunConfig, raw, "test")
     model = build_transformer(cfg.model, 100, 100)
     path = _save(tmp_path, "translation", cfg, model)
@@ -172,8 +197,12 @@ def test_translation_checkpoint(tmp_path, capsys, tie):
 
 
 def test_bert_checkpoint(tmp_path, capsys):
-    raw = {"vocab": {"size": 120}, "data": {"max_seq_len": 16}, "train": {"max_steps": 1},
-           "model": {"d_model": 16, "layers": 2, "heads": 2, "ffn_dim": 48, "max_positions": 16}}
+    raw = {
+        "vocab": {"size": 120},
+        "data": {"max_seq_len": 16},
+        "train": {"max_steps": 1},
+        "model": {"d_model": 16, "layers": 2, "heads": 2, "ffn_dim": 48, "max_positions": 16},
+    }
     cfg = build_config(BertRunConfig, raw, "test")
     model = build_bert(cfg.model, 90)  # the trained vocabulary may be smaller than vocab.size
     path = _save(tmp_path, "bert", cfg, model)

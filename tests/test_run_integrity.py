@@ -42,8 +42,11 @@ def config(tmp_path: Path, data: Path, steps: int = 4, name: str = "tiny.yaml") 
 def snapshot(folder: Path) -> dict[str, str]:
     """Every file under folder (names and content hashes) but the lock file, which names its last holder:
     what "nothing changed" means."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def train(cfg: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -65,9 +68,25 @@ def finished_run(tmp_path_factory, data) -> tuple[Path, Path]:
 def test_second_run_on_a_locked_directory_exits_2_naming_the_holder(tmp_path, data):
     cfg = config(tmp_path, data, steps=100000)
     run = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "transformer_cli", "train", "--config", str(cfg), "--out",
-                              str(run), "--quiet", "--set", "train.eval_every=100000"],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "transformer_cli",
+            "train",
+            "--config",
+            str(cfg),
+            "--out",
+            str(run),
+            "--quiet",
+            "--set",
+            "train.eval_every=100000",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not (run / "metrics.jsonl").exists():
@@ -111,23 +130,35 @@ def test_refused_resume_changes_nothing(tmp_path, finished_run):
     one_line_error(train(cfg, copy, "--resume", "auto", "--set", "model.ffn_dim=48"), "model.ffn_dim")
     bert = tmp_path / "bert.yaml"
     bert.write_text("train: {max_steps: 1}\n")
-    one_line_error(run_tcli("pretrain-bert", "--config", str(bert), "--out", str(copy), "--resume", "auto"),
-                   "holds a translation run")
+    one_line_error(
+        run_tcli("pretrain-bert", "--config", str(bert), "--out", str(copy), "--resume", "auto"),
+        "holds a translation run",
+    )
     one_line_error(run_tcli("pretrain-bert", "--config", str(bert), "--out", str(copy)), "holds a translation run")
     assert snapshot(copy) == before
 
 
-@pytest.mark.parametrize("key, value", [
-    ("data.max_len", 50), ("train.max_tokens", 300), ("train.accum_steps", 2), ("train.seed", 4),
-    ("train.pad_to_multiple", 4), ("train.lr", 0.001), ("vocab.size", 100), ("data.src_lang", "tgt"),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("data.max_len", 50),
+        ("train.max_tokens", 300),
+        ("train.accum_steps", 2),
+        ("train.seed", 4),
+        ("train.pad_to_multiple", 4),
+        ("train.lr", 0.001),
+        ("vocab.size", 100),
+        ("data.src_lang", "tgt"),
+    ],
+)
 def test_resume_refuses_keys_that_change_the_run(tmp_path, finished_run, key, value):
     cfg, run = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     before = snapshot(copy)
-    one_line_error(train(cfg, copy, "--resume", "auto", "--set", f"{key}={value}", "--set", "train.max_steps=6"),
-                   key, "new --out")
+    one_line_error(
+        train(cfg, copy, "--resume", "auto", "--set", f"{key}={value}", "--set", "train.max_steps=6"), key, "new --out"
+    )
     assert snapshot(copy) == before
 
 
@@ -135,8 +166,22 @@ def test_resume_allows_safe_keys_and_continues(tmp_path, finished_run):
     cfg, run = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    more = train(cfg, copy, "--resume", "auto", "--set", "train.max_steps=6", "--set", "train.eval_every=3",
-                 "--set", "train.log_every=1", "--set", "train.patience=5", "--set", "eval.beam=2")
+    more = train(
+        cfg,
+        copy,
+        "--resume",
+        "auto",
+        "--set",
+        "train.max_steps=6",
+        "--set",
+        "train.eval_every=3",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.patience=5",
+        "--set",
+        "eval.beam=2",
+    )
     assert more.returncode == 0, more.stderr
     log = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log if e["event"] == "end"] == [6]
@@ -161,8 +206,19 @@ def test_max_epochs_run_does_not_train_an_extra_epoch(tmp_path, data):
     assert first.returncode == 0, first.stderr
     step = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["train_state"]["step"]
     before = snapshot(run)
-    again = run_tcli("train", "--config", str(cfg), "--out", str(run), "--resume", "auto",
-                     "--set", "train.max_steps=null", "--set", "train.max_epochs=1")
+    again = run_tcli(
+        "train",
+        "--config",
+        str(cfg),
+        "--out",
+        str(run),
+        "--resume",
+        "auto",
+        "--set",
+        "train.max_steps=null",
+        "--set",
+        "train.max_epochs=1",
+    )
     assert again.returncode == 0 and f"finished at step {step}" in again.stderr
     assert snapshot(run) == before
 
@@ -213,12 +269,20 @@ def test_a_diverging_run_stops_with_one_line_and_no_nan_best(tmp_path, data):
         assert all(torch.isfinite(t).all() for t in weights.values() if t.is_floating_point()), ckpt
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("train.weight_decay=.inf", "train.weight_decay"), ("train.adam_eps=.inf", "train.adam_eps"),
-    ("train.lr=.nan", "train.lr"), ("model.ffn_dim=1e12", "model.ffn_dim"),
-    ("model.max_positions=1e12", "model.max_positions"), ("train.pad_to_multiple=1000", "pad_to_multiple"),
-    ("train.seed=1e30", "train.seed"), ("eval.max_len_a=.inf", "eval.max_len_a"), ("eval.beam=100000", "eval.beam"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("train.weight_decay=.inf", "train.weight_decay"),
+        ("train.adam_eps=.inf", "train.adam_eps"),
+        ("train.lr=.nan", "train.lr"),
+        ("model.ffn_dim=1e12", "model.ffn_dim"),
+        ("model.max_positions=1e12", "model.max_positions"),
+        ("train.pad_to_multiple=1000", "pad_to_multiple"),
+        ("train.seed=1e30", "train.seed"),
+        ("eval.max_len_a=.inf", "eval.max_len_a"),
+        ("eval.beam=100000", "eval.beam"),
+    ],
+)
 def test_values_that_make_no_sense_are_one_line_errors(tmp_path, data, override, fragment):
     cfg = config(tmp_path, data)
     one_line_error(train(cfg, tmp_path / "run", "--set", override), fragment)
@@ -227,8 +291,18 @@ def test_values_that_make_no_sense_are_one_line_errors(tmp_path, data, override,
 
 def test_a_model_too_large_for_memory_is_refused_before_allocating(tmp_path, data):
     cfg = config(tmp_path, data)
-    result = train(cfg, tmp_path / "run", "--set", "model.d_model=65536", "--set", "model.heads=1",
-                   "--set", "model.ffn_dim=1048576", "--set", "model.enc_layers=100")
+    result = train(
+        cfg,
+        tmp_path / "run",
+        "--set",
+        "model.d_model=65536",
+        "--set",
+        "model.heads=1",
+        "--set",
+        "model.ffn_dim=1048576",
+        "--set",
+        "model.enc_layers=100",
+    )
     one_line_error(result, "parameters", "GiB")
 
 
@@ -303,8 +377,7 @@ def test_translate_warns_about_lines_longer_than_the_positions(tmp_path, finishe
     _, run = finished_run
     ckpt = run / "checkpoints" / "last.pt"
     long_line = " ".join(["the white dog"] * 800)
-    out = run_tcli("translate", "--checkpoint", str(ckpt), "--beam", "1", "--quiet",
-                   input=f"a dog\n{long_line}\n")
+    out = run_tcli("translate", "--checkpoint", str(ckpt), "--beam", "1", "--quiet", input=f"a dog\n{long_line}\n")
     assert out.returncode == 0, out.stderr
     assert "line 2:" in out.stderr and "max_positions" in out.stderr and "line 1:" not in out.stderr
     assert len(out.stdout.splitlines()) == 2
@@ -314,12 +387,18 @@ def test_translate_checks_output_paths_before_decoding(tmp_path, finished_run):
     _, run = finished_run
     ckpt = str(run / "checkpoints" / "last.pt")
     missing = tmp_path / "no" / "such" / "dir"
-    one_line_error(run_tcli("translate", "--checkpoint", ckpt, "--output", str(missing / "out.txt"), input="a\n"),
-                   "--output", "does not exist")
-    one_line_error(run_tcli("translate", "--checkpoint", ckpt, "--stats-json", str(missing / "s.json"), input="a\n"),
-                   "--stats-json")
-    one_line_error(run_tcli("translate", "--checkpoint", ckpt, "--output", str(tmp_path), input="a\n"),
-                   "is a directory")
+    one_line_error(
+        run_tcli("translate", "--checkpoint", ckpt, "--output", str(missing / "out.txt"), input="a\n"),
+        "--output",
+        "does not exist",
+    )
+    one_line_error(
+        run_tcli("translate", "--checkpoint", ckpt, "--stats-json", str(missing / "s.json"), input="a\n"),
+        "--stats-json",
+    )
+    one_line_error(
+        run_tcli("translate", "--checkpoint", ckpt, "--output", str(tmp_path), input="a\n"), "is a directory"
+    )
 
 
 def test_yaml_traps_are_one_line_errors(tmp_path, data):
@@ -346,4 +425,3 @@ def test_language_codes_and_split_names_stay_strings(tmp_path):
     cfg = load_config(TranslationRunConfig, path)
     assert (cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.test, cfg.train.compile) == ("no", "on", "2016", False)
     assert load_config(TranslationRunConfig, None, ["data.src_lang=no", "train.max_steps=1"]).data.src_lang == "no"
-

@@ -82,14 +82,16 @@ def test_dropped_pairs_are_counted_by_reason(tmp_path, preprocessed):
     vocab = Vocab.load(model)
     folder = toy_subset(tmp_path / "d", train=300, valid=20)
     src, tgt = read_lines(folder / "train.src"), read_lines(folder / "train.tgt")
-    short = [i for i in range(len(src)) if max(len(vocab.encode([src[i], tgt[i]])[0]),
-                                               len(vocab.encode([tgt[i]])[0])) <= 60]
+    short = [
+        i for i in range(len(src)) if max(len(vocab.encode([src[i], tgt[i]])[0]), len(vocab.encode([tgt[i]])[0])) <= 60
+    ]
     before = json.loads((preprocessed / "manifest.json").read_text())["splits"]["train"]["dropped"]["too_long"]
     src[short[0]], src[short[1]] = "", "word " * 200
     (folder / "train.src").write_text("".join(line + "\n" for line in src))
     out = tmp_path / "pre"
-    result = run_tcli("preprocess", "--config", str(tiny_config(tmp_path, folder)), "--out", str(out), "--set",
-                      f"vocab.model={model}")
+    result = run_tcli(
+        "preprocess", "--config", str(tiny_config(tmp_path, folder)), "--out", str(out), "--set", f"vocab.model={model}"
+    )
     assert result.returncode == 0, result.stderr
     split = json.loads((out / "manifest.json").read_text())["splits"]["train"]
     assert split["dropped"] == {"empty_side": 1, "too_long": before + 1}
@@ -100,8 +102,10 @@ def test_worker_processes_write_the_same_arrays(tmp_path, data, toy_vocab, monke
     from transformer_cli.datasets.translation import SplitFiles, preprocess_parallel
 
     monkeypatch.setattr(shards, "BLOCK_LINES", 64)  # several blocks in flight, out-of-order completion possible
-    splits = [SplitFiles("train", data / "train.src", data / "train.tgt", 12, False),
-              SplitFiles("val", data / "val.src", data / "val.tgt", None, True)]
+    splits = [
+        SplitFiles("train", data / "train.src", data / "train.tgt", 12, False),
+        SplitFiles("val", data / "val.src", data / "val.tgt", None, True),
+    ]
     folders = []
     for workers in (0, 2):
         folder = tmp_path / f"w{workers}"
@@ -125,8 +129,22 @@ def test_stream_lines_equals_read_lines_across_block_boundaries(tmp_path, newlin
         assert got == read_lines(path) == [line.strip("\r") for line in lines], block
 
 
-CASES = [b"", b"\n", b"\n\n", b"a", b"a\n", b"a\nb", b"\xef\xbb\xbf", b"\xef\xbb\xbf\n", b"\xef\xbb\xbfa\r\nb\r\n",
-         b"a\rb\rc", b"a\rb\r", b"\r\r\n", "x€\n𝄞\n\nä".encode(), b"a\r\nb\nc\r\n\r\n"]
+CASES = [
+    b"",
+    b"\n",
+    b"\n\n",
+    b"a",
+    b"a\n",
+    b"a\nb",
+    b"\xef\xbb\xbf",
+    b"\xef\xbb\xbf\n",
+    b"\xef\xbb\xbfa\r\nb\r\n",
+    b"a\rb\rc",
+    b"a\rb\r",
+    b"\r\r\n",
+    "x€\n𝄞\n\nä".encode(),
+    b"a\r\nb\nc\r\n\r\n",
+]
 
 
 @pytest.mark.parametrize("data", CASES)
@@ -198,8 +216,17 @@ def test_run_without_preprocess_equals_run_with_it(tmp_path, data, preprocessed)
     config = tiny_config(tmp_path, data, steps=6)
     one, two = tmp_path / "one", tmp_path / "two"
     assert run_tcli("train", "--config", str(config), "--out", str(one), "--quiet", *ON_CPU).returncode == 0
-    result = run_tcli("train", "--config", str(config), "--out", str(two), "--quiet", *ON_CPU, "--set",
-                      f"data.preprocessed={preprocessed}")
+    result = run_tcli(
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(two),
+        "--quiet",
+        *ON_CPU,
+        "--set",
+        f"data.preprocessed={preprocessed}",
+    )
     assert result.returncode == 0, result.stderr
     losses = [[e["loss"] for e in events(run) if e["event"] == "train"] for run in (one, two)]
     assert losses[0] == losses[1] and len(losses[0]) >= 3
@@ -212,8 +239,9 @@ def test_resume_tokenises_nothing_and_changed_text_is_preprocessed_again(tmp_pat
     run = tmp_path / "run"
     assert run_tcli("train", "--config", str(config), "--out", str(run)).returncode == 0
     stamp = {p.name: p.stat().st_mtime_ns for p in (run / "data").iterdir()}
-    again = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto",
-                     "--set", "train.max_steps=6")
+    again = run_tcli(
+        "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--set", "train.max_steps=6"
+    )
     assert again.returncode == 0, again.stderr
     assert "tokenising" not in again.stderr and "up to date" in again.stderr
     assert {p.name: p.stat().st_mtime_ns for p in (run / "data").iterdir()} == stamp
@@ -226,8 +254,9 @@ def test_resume_tokenises_nothing_and_changed_text_is_preprocessed_again(tmp_pat
         if path.is_file():
             (fresh / "data" / path.name).write_bytes(path.read_bytes())
     other = toy_subset(tmp_path / "other", train=200, valid=20)
-    result = run_tcli("train", "--config", str(tiny_config(tmp_path, other, steps=2)), "--out", str(fresh),
-                      "--resume", "auto")
+    result = run_tcli(
+        "train", "--config", str(tiny_config(tmp_path, other, steps=2)), "--out", str(fresh), "--resume", "auto"
+    )
     assert result.returncode == 0 and "tokenising" in result.stderr, result.stderr
     manifest = json.loads((fresh / "data" / "manifest.json").read_text())
     assert manifest["splits"]["train"]["counts"]["pairs"] == 200
@@ -237,8 +266,16 @@ def test_damaged_preprocessed_folders_are_one_line_errors(tmp_path, data, prepro
     config = str(tiny_config(tmp_path, data, steps=2))
 
     def train(folder: Path, *more: str):
-        return run_tcli("train", "--config", config, "--out", str(tmp_path / f"r{len(list(tmp_path.iterdir()))}"),
-                        "--set", f"data.preprocessed={folder}", *more)
+        return run_tcli(
+            "train",
+            "--config",
+            config,
+            "--out",
+            str(tmp_path / f"r{len(list(tmp_path.iterdir()))}"),
+            "--set",
+            f"data.preprocessed={folder}",
+            *more,
+        )
 
     one_line_error(train(tmp_path / "nowhere"), "is not a folder", "tcli preprocess")
     interrupted = copy_folder(preprocessed, tmp_path / "interrupted")
@@ -260,8 +297,15 @@ def test_damaged_preprocessed_folders_are_one_line_errors(tmp_path, data, prepro
     one_line_error(train(preprocessed, "--set", "data.max_len=10"), "data.max_len is 10", "preprocessed with 60")
     one_line_error(train(preprocessed, "--set", "vocab.size=100"), "vocab.size is 100")
     one_line_error(train(preprocessed, "--set", "data.valid=test"), "data.valid is 'test'")
-    bert = run_tcli("pretrain-bert", "--config", str(TOY.parents[1] / "configs" / "bert_quickstart.yaml"),
-                    "--out", str(tmp_path / "b"), "--set", f"data.preprocessed={preprocessed}")
+    bert = run_tcli(
+        "pretrain-bert",
+        "--config",
+        str(TOY.parents[1] / "configs" / "bert_quickstart.yaml"),
+        "--out",
+        str(tmp_path / "b"),
+        "--set",
+        f"data.preprocessed={preprocessed}",
+    )
     one_line_error(bert, "holds translation data, not bert data")
 
 
@@ -271,24 +315,67 @@ def test_resume_with_preprocessed_data_of_other_text_or_vocabulary_is_refused(tm
     assert run_tcli("train", "--config", config, "--out", str(run), "--quiet").returncode == 0
     other_text = toy_subset(tmp_path / "other", train=250, valid=20)
     other = tmp_path / "other_pre"
-    assert run_tcli("preprocess", "--config", config, "--out", str(other), "--set",
-                    f"data.dir={other_text}").returncode == 0
-    one_line_error(run_tcli("train", "--config", config, "--out", str(run), "--resume", "auto", "--set",
-                            "train.max_steps=4", "--set", f"data.preprocessed={other}"), "training data differ")
+    assert (
+        run_tcli("preprocess", "--config", config, "--out", str(other), "--set", f"data.dir={other_text}").returncode
+        == 0
+    )
+    one_line_error(
+        run_tcli(
+            "train",
+            "--config",
+            config,
+            "--out",
+            str(run),
+            "--resume",
+            "auto",
+            "--set",
+            "train.max_steps=4",
+            "--set",
+            f"data.preprocessed={other}",
+        ),
+        "training data differ",
+    )
     # The same text tokenised with another vocabulary (as a folder built with another vocab.model would be).
     revocab = copy_folder(preprocessed, tmp_path / "revocab")
     other_model = tmp_path / "other.model"
-    assert run_tcli("preprocess", "--config", config, "--out", str(tmp_path / "p90"), "--set",
-                    "vocab.size=90").returncode == 0
+    assert (
+        run_tcli("preprocess", "--config", config, "--out", str(tmp_path / "p90"), "--set", "vocab.size=90").returncode
+        == 0
+    )
     other_model.write_bytes((tmp_path / "p90" / "vocab" / "joint.model").read_bytes())
     (revocab / "vocab" / "joint.model").write_bytes(other_model.read_bytes())
     manifest = json.loads((revocab / "manifest.json").read_text())
     manifest["vocab_sha256"]["joint"] = shards.sha256_bytes(other_model.read_bytes())
     (revocab / "manifest.json").write_text(json.dumps(manifest))
-    one_line_error(run_tcli("train", "--config", config, "--out", str(run), "--resume", "auto", "--set",
-                            "train.max_steps=4", "--set", f"data.preprocessed={revocab}"), "another vocabulary")
-    resumed = run_tcli("train", "--config", config, "--out", str(run), "--resume", "auto", "--set", "train.max_steps=4",
-                       "--set", f"data.preprocessed={preprocessed}")
+    one_line_error(
+        run_tcli(
+            "train",
+            "--config",
+            config,
+            "--out",
+            str(run),
+            "--resume",
+            "auto",
+            "--set",
+            "train.max_steps=4",
+            "--set",
+            f"data.preprocessed={revocab}",
+        ),
+        "another vocabulary",
+    )
+    resumed = run_tcli(
+        "train",
+        "--config",
+        config,
+        "--out",
+        str(run),
+        "--resume",
+        "auto",
+        "--set",
+        "train.max_steps=4",
+        "--set",
+        f"data.preprocessed={preprocessed}",
+    )
     assert resumed.returncode == 0, resumed.stderr  # the same text and vocabulary: resuming from it is fine
 
 
@@ -303,15 +390,21 @@ def test_preprocess_command_guards_its_folder(tmp_path, data):
     (out / "bert_sample_map_0123abcd.npy").write_bytes(b"")  # what pretrain-bert caches beside the arrays
     again = run_tcli("preprocess", "--config", config, "--out", str(out))
     assert again.returncode == 0 and "up to date" in again.stderr, again.stderr
-    one_line_error(run_tcli("preprocess", "--config", config, "--out", str(out), "--set", "data.max_len=20"),
-                   "other settings (max_len)", "--force")
+    one_line_error(
+        run_tcli("preprocess", "--config", config, "--out", str(out), "--set", "data.max_len=20"),
+        "other settings (max_len)",
+        "--force",
+    )
     forced = run_tcli("preprocess", "--config", config, "--out", str(out), "--set", "data.max_len=20", "--force")
     assert forced.returncode == 0, forced.stderr
     assert json.loads((out / "manifest.json").read_text())["settings"]["max_len"] == 20
     bad = toy_subset(tmp_path / "bad", train=50, valid=5)
     (bad / "train.tgt").write_text("one\ntwo\n")
-    one_line_error(run_tcli("preprocess", "--config", config, "--out", str(tmp_path / "o2"), "--set",
-                            f"data.dir={bad}"), "train.src has 50 lines", "train.tgt has 2")
+    one_line_error(
+        run_tcli("preprocess", "--config", config, "--out", str(tmp_path / "o2"), "--set", f"data.dir={bad}"),
+        "train.src has 50 lines",
+        "train.tgt has 2",
+    )
     assert not (tmp_path / "o2" / "manifest.json").exists()
 
 
@@ -322,22 +415,59 @@ def test_vocab_model_is_used_as_given_and_checked(tmp_path, data, preprocessed):
     result = run_tcli("train", "--config", config, "--out", str(run), "--quiet", "--set", f"vocab.model={model}")
     assert result.returncode == 0, result.stderr
     assert (run / "vocab" / "joint.model").read_bytes() == model.read_bytes()
-    one_line_error(run_tcli("train", "--config", config, "--out", str(tmp_path / "r2"), "--set",
-                            f"vocab.model={tmp_path / 'none.model'}"), "vocab.model", "is not a file")
+    one_line_error(
+        run_tcli(
+            "train",
+            "--config",
+            config,
+            "--out",
+            str(tmp_path / "r2"),
+            "--set",
+            f"vocab.model={tmp_path / 'none.model'}",
+        ),
+        "vocab.model",
+        "is not a file",
+    )
     import io
 
     import sentencepiece as spm
 
     lines = read_lines(data / "train.src")
     buffer = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buffer, vocab_size=60,
-                                   minloglevel=2)  # sentencepiece's default ids: unk 0, bos 1, eos 2, no pad
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=buffer, vocab_size=60, minloglevel=2
+    )  # sentencepiece's default ids: unk 0, bos 1, eos 2, no pad
     (tmp_path / "default.model").write_bytes(buffer.getvalue())
-    one_line_error(run_tcli("train", "--config", config, "--out", str(tmp_path / "r3"), "--set",
-                            f"vocab.model={tmp_path / 'default.model'}"), "pad/unk/bos/eos ids -1/0/1/2", "--pad_id=0")
-    one_line_error(run_tcli("train", "--config", config, "--out", str(tmp_path / "r4"), "--set",
-                            f"vocab.model={model}", "--set", "vocab.joint=false", "--set",
-                            "model.share_embeddings=false"), "vocab.model", "vocab.joint: true")
+    one_line_error(
+        run_tcli(
+            "train",
+            "--config",
+            config,
+            "--out",
+            str(tmp_path / "r3"),
+            "--set",
+            f"vocab.model={tmp_path / 'default.model'}",
+        ),
+        "pad/unk/bos/eos ids -1/0/1/2",
+        "--pad_id=0",
+    )
+    one_line_error(
+        run_tcli(
+            "train",
+            "--config",
+            config,
+            "--out",
+            str(tmp_path / "r4"),
+            "--set",
+            f"vocab.model={model}",
+            "--set",
+            "vocab.joint=false",
+            "--set",
+            "model.share_embeddings=false",
+        ),
+        "vocab.model",
+        "vocab.joint: true",
+    )
 
 
 def test_bert_documents_stream_into_the_same_structure(tmp_path):
@@ -355,8 +485,9 @@ def test_bert_documents_stream_into_the_same_structure(tmp_path):
     for block, workers in ((3, 0), (17, 2), (20_000, 0)):
         folder = tmp_path / f"b{block}"
         folder.mkdir()
-        stats = shards.preprocess_documents(folder, {"train": text_mod.index_lines(text, block)}, vocab, "text", True,
-                                            quiet=True, workers=workers)
+        stats = shards.preprocess_documents(
+            folder, {"train": text_mod.index_lines(text, block)}, vocab, "text", True, quiet=True, workers=workers
+        )
         sentences = read_split(folder, "train.text", "<u2")
         starts = np.fromfile(folder / "train.docs", dtype="<i8").tolist()
         got = [sentences[a:b] for a, b in zip(starts, starts[1:])]
@@ -443,8 +574,11 @@ def test_reads_with_pread_equal_the_arrays_and_map_no_page(preprocessed):
     for start in range(0, len(pairs), 16):
         pairs.batch(np.arange(start, min(start + 16, len(pairs))))
     smaps = Path("/proc/self/smaps").read_text().splitlines()
-    mapped = [int(next(x for x in smaps[i + 1 :] if x.startswith("Rss:")).split()[1])
-              for i, line in enumerate(smaps) if line.endswith(("train.src.bin", "train.tgt.bin"))]
+    mapped = [
+        int(next(x for x in smaps[i + 1 :] if x.startswith("Rss:")).split()[1])
+        for i, line in enumerate(smaps)
+        if line.endswith(("train.src.bin", "train.tgt.bin"))
+    ]
     assert mapped and sum(mapped) <= 8  # at most the last page each, read when the arrays were opened
 
 
@@ -452,10 +586,12 @@ def test_preprocess_never_loads_torch(tmp_path, data):
     """`tcli preprocess` runs without importing torch (about 2 s of start-up on 2 cores, more than the rest of
     preprocessing a small corpus): the setups import it only to build a task."""
     argv = ["tcli", "preprocess", "--config", str(tiny_config(tmp_path, data)), "--out", str(tmp_path / "p"), "--quiet"]
-    code = ("import sys\nfrom transformer_cli.cli import main\n"
-            f"sys.argv = {argv!r}\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')\n")
+    code = (
+        "import sys\nfrom transformer_cli.cli import main\n"
+        f"sys.argv = {argv!r}\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
     assert (tmp_path / "p" / "manifest.json").is_file()

@@ -44,9 +44,26 @@ def events(run: Path) -> list[dict]:
 def test_sigterm_saves_last_and_resume_continues(tmp_path, small_data):
     config = tiny_config(tmp_path, small_data, steps=100000)
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "transformer_cli", "train", "--config", str(config), "--out",
-                             str(run), "--set", "train.save_every=1000", "--set", "train.eval_every=1000"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "transformer_cli",
+            "train",
+            "--config",
+            str(config),
+            "--out",
+            str(run),
+            "--set",
+            "train.save_every=1000",
+            "--set",
+            "train.eval_every=1000",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not (run / "metrics.jsonl").exists():
         time.sleep(0.2)
@@ -57,8 +74,18 @@ def test_sigterm_saves_last_and_resume_continues(tmp_path, small_data):
     state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert state["train_state"]["step"] >= 2
     assert "resume with --resume auto" in err
-    again = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto",
-                     "--set", f"train.max_steps={state['train_state']['step'] + 2}", "--quiet")
+    again = run_tcli(
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(run),
+        "--resume",
+        "auto",
+        "--set",
+        f"train.max_steps={state['train_state']['step'] + 2}",
+        "--quiet",
+    )
     assert again.returncode == 0, again.stderr
     assert events(run)[-1]["event"] == "end" and events(run)[-1]["step"] == state["train_state"]["step"] + 2
 
@@ -75,8 +102,17 @@ def test_train_then_translate_end_to_end(tmp_path, small_data):
     assert list((run / "tb").glob("events.out.tfevents.*"))
     log = events(run)
     train = [e for e in log if e["event"] == "train"]
-    assert set(train[0]) == {"event", "step", "epoch", "loss", "lr", "grad_norm", "tgt_tokens_per_sec", "data_wait_s",
-                              "rss_mb"}
+    assert set(train[0]) == {
+        "event",
+        "step",
+        "epoch",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tgt_tokens_per_sec",
+        "data_wait_s",
+        "rss_mb",
+    }
     assert all(e["tgt_tokens_per_sec"] > 0 for e in train)
     evals = [e for e in log if e["event"] == "eval"]
     assert [e["step"] for e in evals] == [6, 12] and {"valid_loss", "valid_ppl", "bleu"} <= set(evals[0])
@@ -89,9 +125,22 @@ def test_train_then_translate_end_to_end(tmp_path, small_data):
     assert len(out.stdout.split("\n")) == 4 and out.stdout.split("\n")[1] == ""
     assert "sentences/s" in out.stderr
 
-    nbest = run_tcli("translate", "--checkpoint", str(ckpt / "last.pt"), "--beam", "3", "--nbest", "2",
-                     "--input", str(small_data / "test.src"), "--reference", str(small_data / "test.tgt"),
-                     "--stats-json", str(tmp_path / "stats.json"), "--quiet")
+    nbest = run_tcli(
+        "translate",
+        "--checkpoint",
+        str(ckpt / "last.pt"),
+        "--beam",
+        "3",
+        "--nbest",
+        "2",
+        "--input",
+        str(small_data / "test.src"),
+        "--reference",
+        str(small_data / "test.tgt"),
+        "--stats-json",
+        str(tmp_path / "stats.json"),
+        "--quiet",
+    )
     assert nbest.returncode == 0, nbest.stderr
     rows = nbest.stdout.splitlines()
     assert len(rows) == 60 and rows[0].split("\t")[0] == "0" and rows[-1].split("\t")[0] == "29"
@@ -110,11 +159,13 @@ def test_new_run_refuses_to_overwrite_and_resume_checks_data(tmp_path, small_dat
     other.mkdir()
     for f in small_data.iterdir():
         (other / f.name).write_text(f.read_text().replace("dog", "cat"))
-    changed = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet",
-                       "--set", f"data.dir={other}")
+    changed = run_tcli(
+        "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet", "--set", f"data.dir={other}"
+    )
     assert changed.returncode == 2 and "training data differ" in changed.stderr
-    model = run_tcli("train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet",
-                     "--set", "model.ffn_dim=48")
+    model = run_tcli(
+        "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet", "--set", "model.ffn_dim=48"
+    )
     assert model.returncode == 2 and "model.ffn_dim changed (64 -> 48)" in model.stderr
 
 
@@ -133,27 +184,39 @@ def test_bad_data_gets_one_line_errors(tmp_path, small_data):
         (bad / f.name).write_bytes(f.read_bytes())
     config = tiny_config(tmp_path, bad, steps=2)
     (bad / "train.tgt").write_text("only\ntwo lines\n")
-    one_line_error(run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r1")),
-                   "train.src has 500 lines", "train.tgt has 2")
+    one_line_error(
+        run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r1")),
+        "train.src has 500 lines",
+        "train.tgt has 2",
+    )
     (bad / "train.tgt").write_bytes((small_data / "train.tgt").read_bytes().replace(b"\n", b"\n\xc3(", 1))
-    one_line_error(run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r2")),
-                   "train.tgt line 2: invalid UTF-8")
+    one_line_error(
+        run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r2")), "train.tgt line 2: invalid UTF-8"
+    )
     (bad / "train.tgt").unlink()
-    one_line_error(run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r3")),
-                   "data file not found", "train.tgt")
+    one_line_error(
+        run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r3")), "data file not found", "train.tgt"
+    )
 
 
 def test_bad_config_and_options_get_one_line_errors(tmp_path, small_data):
     config = tiny_config(tmp_path, small_data, steps=2)
     one_line_error(run_tcli("train", "--config", str(tmp_path / "missing.yaml")), "config file not found")
-    one_line_error(run_tcli("train", "--config", str(config), "--set", "model.heads=5"),
-                   "model.d_model (32) must be divisible by model.heads (5)", str(config))
-    one_line_error(run_tcli("train", "--config", str(config), "--set", "train.warmup=3"),
-                   "train.warmup: unknown key", str(config))
+    one_line_error(
+        run_tcli("train", "--config", str(config), "--set", "model.heads=5"),
+        "model.d_model (32) must be divisible by model.heads (5)",
+        str(config),
+    )
+    one_line_error(
+        run_tcli("train", "--config", str(config), "--set", "train.warmup=3"), "train.warmup: unknown key", str(config)
+    )
     one_line_error(run_tcli("train", "--config", str(config), "--resume", "yes"), "--resume 'yes'")
-    one_line_error(run_tcli("train", "--config", str(config), "--device", "cuda", "--out", str(tmp_path / "r"))
-                   if not torch.cuda.is_available() else run_tcli("train", "--config", "nope.yaml"),
-                   "cuda" if not torch.cuda.is_available() else "nope.yaml")
+    one_line_error(
+        run_tcli("train", "--config", str(config), "--device", "cuda", "--out", str(tmp_path / "r"))
+        if not torch.cuda.is_available()
+        else run_tcli("train", "--config", "nope.yaml"),
+        "cuda" if not torch.cuda.is_available() else "nope.yaml",
+    )
 
 
 def test_translate_errors(tmp_path):
@@ -177,8 +240,20 @@ def test_help_and_module_entry_point():
 def test_time_budget_stops_with_a_final_evaluation(tmp_path, small_data):
     config = tiny_config(tmp_path, small_data, steps=100000)
     run = tmp_path / "run"
-    result = run_tcli("train", "--config", str(config), "--out", str(run), "--quiet", "--set", "train.max_minutes=0.05",
-                      "--set", "train.eval_every=100000", "--set", "data.test=null")
+    result = run_tcli(
+        "train",
+        "--config",
+        str(config),
+        "--out",
+        str(run),
+        "--quiet",
+        "--set",
+        "train.max_minutes=0.05",
+        "--set",
+        "train.eval_every=100000",
+        "--set",
+        "data.test=null",
+    )
     assert result.returncode == 0, result.stderr
     log = events(run)
     assert log[-1]["event"] == "end" and log[-1]["stop"] == "max_minutes"

@@ -17,8 +17,17 @@ PAD, BOS, EOS = 0, 2, 3
 
 def tiny(**kw) -> Transformer:
     torch.manual_seed(0)
-    args = dict(src_vocab_size=40, tgt_vocab_size=40, d_model=32, heads=4, ffn_dim=64, enc_layers=2, dec_layers=2,
-                dropout=0.0, max_positions=64)
+    args = dict(
+        src_vocab_size=40,
+        tgt_vocab_size=40,
+        d_model=32,
+        heads=4,
+        ffn_dim=64,
+        enc_layers=2,
+        dec_layers=2,
+        dropout=0.0,
+        max_positions=64,
+    )
     args.update(kw)
     return Transformer(**args).eval()
 
@@ -129,8 +138,7 @@ def test_fast_beam_search_equals_plain_reference(lenpen):
     lengths = set()
     for i in range(src.size(0)):
         row = src[i : i + 1, : int(src[i].ne(PAD).sum())]
-        plain = reference_beam_search(model, row, BOS, EOS, beam=4, lenpen=lenpen, nbest=4, max_len_a=1.0,
-                                      max_len_b=4)
+        plain = reference_beam_search(model, row, BOS, EOS, beam=4, lenpen=lenpen, nbest=4, max_len_a=1.0, max_len_b=4)
         assert [h.tokens for h in fast[i]] == [h.tokens for h in plain]
         assert [h.score for h in fast[i]] == pytest.approx([h.score for h in plain], abs=1e-5)
         lengths.update(len(h.tokens) for h in plain)

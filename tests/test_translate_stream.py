@@ -25,9 +25,29 @@ from transformer_cli.errors import UserError
 from .conftest import ROOT, TOY
 from .test_average import write_checkpoint
 
-TRICKY = [b"", b"\xef\xbb\xbf", b"\xef\xbb\xbf\n", b"\n", b"\n\n", b"a", b"a\n", b"a\r\n", b"a\r\nb", b"a\r\n\r\n\r\nb",
-          b"a\rb\rc", b"a\rb\rc\r", b"\r", b"a\rb\nc\n", b"a\n\r", "h\u00e9\nw\u00f6\r\n\u4e2d\u6587\n".encode(),
-          b"x\n\xc3(\n", b"ok\nok\n\xff", b"a\nb\n\xe4\xb8", b"\xe4\xb8\nz", b"\xef\xbb\xbf\xef\xbb\xbfx\n"]
+TRICKY = [
+    b"",
+    b"\xef\xbb\xbf",
+    b"\xef\xbb\xbf\n",
+    b"\n",
+    b"\n\n",
+    b"a",
+    b"a\n",
+    b"a\r\n",
+    b"a\r\nb",
+    b"a\r\n\r\n\r\nb",
+    b"a\rb\rc",
+    b"a\rb\rc\r",
+    b"\r",
+    b"a\rb\nc\n",
+    b"a\n\r",
+    "h\u00e9\nw\u00f6\r\n\u4e2d\u6587\n".encode(),
+    b"x\n\xc3(\n",
+    b"ok\nok\n\xff",
+    b"a\nb\n\xe4\xb8",
+    b"\xe4\xb8\nz",
+    b"\xef\xbb\xbf\xef\xbb\xbfx\n",
+]
 
 
 def reader_lines(data: bytes, block_size: int) -> list[str] | str:
@@ -87,8 +107,16 @@ def toy_lines(n: int, start: int = 0) -> list[str]:
     return [source[(start + i) % len(source)] for i in range(n)]
 
 
-def run(checkpoint: Path, input_path: Path, tmp_path: Path, first: int, most: int, monkeypatch,
-        inspect: translate.InspectOptions | None = None, **options) -> tuple[bytes, str]:
+def run(
+    checkpoint: Path,
+    input_path: Path,
+    tmp_path: Path,
+    first: int,
+    most: int,
+    monkeypatch,
+    inspect: translate.InspectOptions | None = None,
+    **options,
+) -> tuple[bytes, str]:
     """run_translate in this process with chunks of `first`, ... `most` lines: (output bytes, stderr)."""
     monkeypatch.setattr(translate, "FIRST_CHUNK_LINES", first)
     monkeypatch.setattr(translate, "MAX_CHUNK_LINES", most)
@@ -96,8 +124,9 @@ def run(checkpoint: Path, input_path: Path, tmp_path: Path, first: int, most: in
     stderr = io.StringIO()
     opts = DecodeOptions(**{"beam": 3, "max_len_a": 0.5, "max_len_b": 3, "max_tokens": 300, **options})
     with contextlib.redirect_stderr(stderr):
-        translate.run_translate(checkpoint, input_path, output, opts, device="cpu", precision="fp32", quiet=True,
-                                inspect=inspect)
+        translate.run_translate(
+            checkpoint, input_path, output, opts, device="cpu", precision="fp32", quiet=True, inspect=inspect
+        )
     return output.read_bytes(), stderr.getvalue()
 
 
@@ -137,10 +166,32 @@ def read_line(stream, timeout: float) -> bytes:
 
 def test_output_comes_before_the_input_ends(checkpoint, tmp_path, monkeypatch):
     lines = toy_lines(40)
-    proc = subprocess.Popen([sys.executable, "-m", "transformer_cli", "translate", "--checkpoint", str(checkpoint),
-                             "--beam", "3", "--max-len-a", "0.5", "--max-len-b", "3", "--device", "cpu", "--precision",
-                             "fp32", "--quiet"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "transformer_cli",
+            "translate",
+            "--checkpoint",
+            str(checkpoint),
+            "--beam",
+            "3",
+            "--max-len-a",
+            "0.5",
+            "--max-len-b",
+            "3",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         proc.stdin.write("".join(line + "\n" for line in lines[:3]).encode())
         proc.stdin.flush()

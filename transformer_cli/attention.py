@@ -45,18 +45,27 @@ class AttentionMaps:
         return ["<s>", *self.tgt_pieces[:-1]]
 
     def save_npz(self, path: Path, source: str, translation: str) -> None:
-        np.savez_compressed(path, encoder=self.encoder, decoder=self.decoder, cross=self.cross,
-                            src_pieces=np.array(self.src_pieces), tgt_pieces=np.array(self.tgt_pieces),
-                            source=np.array(source), translation=np.array(translation))
+        np.savez_compressed(
+            path,
+            encoder=self.encoder,
+            decoder=self.decoder,
+            cross=self.cross,
+            src_pieces=np.array(self.src_pieces),
+            tgt_pieces=np.array(self.tgt_pieces),
+            source=np.array(source),
+            translation=np.array(translation),
+        )
 
 
 @contextlib.contextmanager
 def capture(model: Transformer) -> Iterator[dict[str, list[list[Tensor]]]]:
     """Within the block every attention module of `model` records its weights: per kind ("encoder",
     "decoder", "cross"), one list per layer receiving a (B, H, T, S) tensor per call."""
-    modules = {"encoder": [block.self_attn for block in model.encoder],
-               "decoder": [block.self_attn for block in model.decoder],
-               "cross": [block.cross_attn for block in model.decoder]}
+    modules = {
+        "encoder": [block.self_attn for block in model.encoder],
+        "decoder": [block.self_attn for block in model.decoder],
+        "cross": [block.cross_attn for block in model.decoder],
+    }
     records: dict[str, list[list[Tensor]]] = {kind: [] for kind in modules}
     try:
         for kind, layers in modules.items():
@@ -70,10 +79,16 @@ def capture(model: Transformer) -> Iterator[dict[str, list[list[Tensor]]]]:
                 module.record = None
 
 
-def teacher_forced_attention(model: Transformer, pairs: list[tuple[list[int], list[int]]], bos_id: int,
-                             eos_id: int, device: torch.device, context: Callable | None = None,
-                             batch_size: int = 32, kinds: tuple[str, ...] = ("encoder", "decoder", "cross"),
-                             ) -> list[dict[str, np.ndarray]]:
+def teacher_forced_attention(
+    model: Transformer,
+    pairs: list[tuple[list[int], list[int]]],
+    bos_id: int,
+    eos_id: int,
+    device: torch.device,
+    context: Callable | None = None,
+    batch_size: int = 32,
+    kinds: tuple[str, ...] = ("encoder", "decoder", "cross"),
+) -> list[dict[str, np.ndarray]]:
     """Attention weights of (source ids, target ids) pairs (no specials), fed teacher-forced.
 
     Returns, per pair, those of {"encoder": (L, H, S, S), "decoder": (L, H, T, T), "cross": (L, H, T, S)}
@@ -88,8 +103,10 @@ def teacher_forced_attention(model: Transformer, pairs: list[tuple[list[int], li
         tgt_in = pad_sequences([t for _, t in chunk], model.pad_id, prefix=bos_id).to(device)  # (B, T)
         with torch.inference_mode(), capture(model) as records, context() if context else contextlib.nullcontext():
             model(src, tgt_in)
-        stacked = {kind: torch.stack([layer[0] for layer in records[kind]], 1).float().cpu()  # (B, L, H, T, S)
-                   for kind in kinds}
+        stacked = {
+            kind: torch.stack([layer[0] for layer in records[kind]], 1).float().cpu()  # (B, L, H, T, S)
+            for kind in kinds
+        }
         for row, (s, t) in enumerate(chunk):
             S, T = len(s) + 1, len(t) + 1
             size = {"encoder": (S, S), "decoder": (T, T), "cross": (T, S)}
@@ -97,13 +114,22 @@ def teacher_forced_attention(model: Transformer, pairs: list[tuple[list[int], li
     return out
 
 
-def attention_maps(model: Transformer, src_vocab: Vocab, tgt_vocab: Vocab, pairs: list[tuple[list[int], list[int]]],
-                   bos_id: int, eos_id: int, device: torch.device, context: Callable | None = None
-                   ) -> list[AttentionMaps]:
+def attention_maps(
+    model: Transformer,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    pairs: list[tuple[list[int], list[int]]],
+    bos_id: int,
+    eos_id: int,
+    device: torch.device,
+    context: Callable | None = None,
+) -> list[AttentionMaps]:
     """`teacher_forced_attention` with the pieces as labels."""
     weights = teacher_forced_attention(model, pairs, bos_id, eos_id, device, context)
-    return [AttentionMaps(pieces(src_vocab, s) + ["</s>"], pieces(tgt_vocab, t) + ["</s>"], **w)
-            for (s, t), w in zip(pairs, weights)]
+    return [
+        AttentionMaps(pieces(src_vocab, s) + ["</s>"], pieces(tgt_vocab, t) + ["</s>"], **w)
+        for (s, t), w in zip(pairs, weights)
+    ]
 
 
 def pieces(vocab: Vocab, ids: list[int]) -> list[str]:
@@ -119,8 +145,10 @@ def resolve_layer(layer: int | None, layers: int) -> int:
     if layer is None:
         return max(layers - 2, 0)
     if not -layers <= layer < layers:
-        raise UserError(f"--alignment-layer {layer}: this model's decoder has {layers} layers "
-                        f"(0..{layers - 1}, or -1..-{layers} from the end)")
+        raise UserError(
+            f"--alignment-layer {layer}: this model's decoder has {layers} layers "
+            f"(0..{layers - 1}, or -1..-{layers} from the end)"
+        )
     return layer % layers
 
 
@@ -150,9 +178,19 @@ def to_words(pairs: list[tuple[int, int]], src_pieces: list[str], tgt_pieces: li
     return sorted({(src_word[i], tgt_word[j]) for i, j in pairs}, key=lambda p: (p[1], p[0]))
 
 
-def alignment_lines(model: Transformer, src_vocab: Vocab, tgt_vocab: Vocab, pairs: list[tuple[list[int], list[int]]],
-                    layer: int, unit: str, bos_id: int, eos_id: int, device: torch.device,
-                    context: Callable | None = None, batch_size: int = 32) -> list[str]:
+def alignment_lines(
+    model: Transformer,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    pairs: list[tuple[list[int], list[int]]],
+    layer: int,
+    unit: str,
+    bos_id: int,
+    eos_id: int,
+    device: torch.device,
+    context: Callable | None = None,
+    batch_size: int = 32,
+) -> list[str]:
     """The `i-j` pairs of each (source ids, translation ids), space-separated (fairseq's format), in pieces
     or words. Batch by batch, keeping only the cross-attention: memory stays flat over a long input."""
     lines = []
@@ -178,14 +216,42 @@ def write_attention(folder: Path, index: int, maps: AttentionMaps, source: str, 
     src, tgt, dec_in = maps.src_pieces, maps.tgt_pieces, maps.decoder_inputs
     last = maps.cross.shape[0] - 1
     figures = [
-        ("cross", [(f"layer {k}", m.mean(0)) for k, m in enumerate(maps.cross)], tgt, src,
-         "cross-attention (heads averaged)", "source", "target (predicted)"),
-        ("cross_heads", [(f"head {h}", m) for h, m in enumerate(maps.cross[last])], tgt, src,
-         f"cross-attention, layer {last}, every head", "source", "target (predicted)"),
-        ("encoder", [(f"layer {k}", m.mean(0)) for k, m in enumerate(maps.encoder)], src, src,
-         "encoder self-attention (heads averaged)", "source (key)", "source (query)"),
-        ("decoder", [(f"layer {k}", m.mean(0)) for k, m in enumerate(maps.decoder)], dec_in, dec_in,
-         "decoder self-attention (heads averaged)", "decoder input (key)", "decoder input (query)"),
+        (
+            "cross",
+            [(f"layer {k}", m.mean(0)) for k, m in enumerate(maps.cross)],
+            tgt,
+            src,
+            "cross-attention (heads averaged)",
+            "source",
+            "target (predicted)",
+        ),
+        (
+            "cross_heads",
+            [(f"head {h}", m) for h, m in enumerate(maps.cross[last])],
+            tgt,
+            src,
+            f"cross-attention, layer {last}, every head",
+            "source",
+            "target (predicted)",
+        ),
+        (
+            "encoder",
+            [(f"layer {k}", m.mean(0)) for k, m in enumerate(maps.encoder)],
+            src,
+            src,
+            "encoder self-attention (heads averaged)",
+            "source (key)",
+            "source (query)",
+        ),
+        (
+            "decoder",
+            [(f"layer {k}", m.mean(0)) for k, m in enumerate(maps.decoder)],
+            dec_in,
+            dec_in,
+            "decoder self-attention (heads averaged)",
+            "decoder input (key)",
+            "decoder input (query)",
+        ),
     ]
     paths = []
     for name, panels, rows, cols, title, xlabel, ylabel in figures:

@@ -20,8 +20,10 @@ def require_matplotlib() -> Any:
     try:
         import matplotlib.figure
     except ImportError:
-        raise UserError("this needs matplotlib, which is not installed: pip install 'transformer-cli[plot]' "
-                        "(or pip install matplotlib)") from None
+        raise UserError(
+            "this needs matplotlib, which is not installed: pip install 'transformer-cli[plot]' "
+            "(or pip install matplotlib)"
+        ) from None
     return matplotlib.figure
 
 
@@ -34,8 +36,15 @@ def _sizes(n_rows: int, n_cols: int, longest_label: int) -> tuple[float, float, 
     return cell, font, margin
 
 
-def heatmaps(path: Path, panels: list[tuple[str, np.ndarray]], rows: list[str], cols: list[str], title: str,
-             xlabel: str, ylabel: str) -> None:
+def heatmaps(
+    path: Path,
+    panels: list[tuple[str, np.ndarray]],
+    rows: list[str],
+    cols: list[str],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+) -> None:
     """One PNG: a heatmap per (panel title, (len(rows), len(cols)) matrix), on one colour scale from 0 to
     the largest weight, with the pieces as tick labels."""
     figure_module = require_matplotlib()
@@ -57,7 +66,7 @@ def heatmaps(path: Path, panels: list[tuple[str, np.ndarray]], rows: list[str], 
         ax.set_xlabel(xlabel, fontsize=font + 1)
         ax.set_ylabel(ylabel, fontsize=font + 1)
         ax.tick_params(length=2, pad=1)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
     fig.savefig(path, dpi=100 if max(len(rows), len(cols)) <= 40 else 130)

@@ -71,12 +71,16 @@ def check_weights(weights: dict[str, Any], expected: dict[str, torch.Tensor], so
     """Names, shapes and finiteness of `weights` against a model's (meta) state dict; one-line errors."""
     missing = [k for k in expected if k not in weights]
     if missing:
-        raise UserError(f"{source}: the weights lack {missing[0]}" + (f" (and {len(missing) - 1} more)"
-                        if len(missing) > 1 else "") + "; the file does not match its own config")
+        raise UserError(
+            f"{source}: the weights lack {missing[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            + "; the file does not match its own config"
+        )
     extra = [k for k in weights if k not in expected]
     if extra:
-        raise UserError(f"{source}: unexpected tensor {extra[0]!r} in the weights; the file does not match "
-                        "its own config")
+        raise UserError(
+            f"{source}: unexpected tensor {extra[0]!r} in the weights; the file does not match its own config"
+        )
     for name, ref in expected.items():
         t = weights[name]
         if not isinstance(t, torch.Tensor):
@@ -84,8 +88,10 @@ def check_weights(weights: dict[str, Any], expected: dict[str, torch.Tensor], so
         if tuple(t.shape) != tuple(ref.shape):
             raise UserError(f"{source}: {name} has shape {tuple(t.shape)} but the config needs {tuple(ref.shape)}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise UserError(f"{source}: {name} holds NaN or infinite values; the model diverged before this "
-                            "checkpoint was written (use an earlier one)")
+            raise UserError(
+                f"{source}: {name} holds NaN or infinite values; the model diverged before this "
+                "checkpoint was written (use an earlier one)"
+            )
 
 
 def read_checkpoint(path: str | Path, kind: str | None = None, vocab: bool = True) -> Checkpoint:

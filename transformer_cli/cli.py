@@ -57,15 +57,19 @@ def user_errors(fn):
                 _report_bug()
                 raise
             where = f" ({e.filename})" if e.filename else ""
-            print(f"error: no space left on the device{where}; free some space and run the command again",
-                  file=sys.stderr)
+            print(
+                f"error: no space left on the device{where}; free some space and run the command again", file=sys.stderr
+            )
             raise typer.Exit(2) from None
         except (MemoryError, RuntimeError) as e:
             if isinstance(e, RuntimeError) and not _out_of_memory(e):
                 _report_bug()
                 raise
-            print("error: out of memory: the model or batch does not fit on this machine; use a smaller "
-                  "model, train.max_tokens / train.batch_size, or another device", file=sys.stderr)
+            print(
+                "error: out of memory: the model or batch does not fit on this machine; use a smaller "
+                "model, train.max_tokens / train.batch_size, or another device",
+                file=sys.stderr,
+            )
             raise typer.Exit(2) from None
         except Exception:
             _report_bug()
@@ -80,8 +84,11 @@ def _out_of_memory(e: RuntimeError) -> bool:
 
 
 def _report_bug() -> None:
-    print("tcli hit an internal error (a bug, not a mistake of yours): please report it with the command and "
-          "the traceback below", file=sys.stderr)
+    print(
+        "tcli hit an internal error (a bug, not a mistake of yours): please report it with the command and "
+        "the traceback below",
+        file=sys.stderr,
+    )
 
 
 def _resume_flag(resume: str | None) -> bool:
@@ -100,8 +107,14 @@ def _run_dir(out: Path | None, config: Path) -> Path:
 
 @app.command()
 @user_errors
-def train(config: ConfigOpt, set_: SetOpt = None, out: OutOpt = None, resume: ResumeOpt = None,
-          device: DeviceOpt = "auto", quiet: QuietOpt = False) -> None:
+def train(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    out: OutOpt = None,
+    resume: ResumeOpt = None,
+    device: DeviceOpt = "auto",
+    quiet: QuietOpt = False,
+) -> None:
     """Train an encoder-decoder translation model."""
     from transformer_cli.config import TranslationRunConfig, load_config
     from transformer_cli.tasks.translation import train_translation
@@ -110,13 +123,17 @@ def train(config: ConfigOpt, set_: SetOpt = None, out: OutOpt = None, resume: Re
     train_translation(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet)
 
 
-
 @app.command()
 @user_errors
-def preprocess(config: ConfigOpt, out: Annotated[Path, typer.Option("--out", help="folder to write (then train "
-                                                                    "with --set data.preprocessed=FOLDER)")],
-               set_: SetOpt = None, force: Annotated[bool, typer.Option(
-                   "--force", help="replace another preprocessing in --out")] = False, quiet: QuietOpt = False) -> None:
+def preprocess(
+    config: ConfigOpt,
+    out: Annotated[
+        Path, typer.Option("--out", help="folder to write (then train with --set data.preprocessed=FOLDER)")
+    ],
+    set_: SetOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="replace another preprocessing in --out")] = False,
+    quiet: QuietOpt = False,
+) -> None:
     """Tokenise a config's data once into memory-mapped arrays (translation or BERT config)."""
     from transformer_cli.config import file_config
     from transformer_cli.run import run_preprocess
@@ -128,8 +145,10 @@ def preprocess(config: ConfigOpt, out: Annotated[Path, typer.Option("--out", hel
         from transformer_cli.tasks.translation_setup import TranslationSetup as Setup
     manifest = run_preprocess(Setup(cfg), out, force, quiet)
     if not quiet:
-        print(f"preprocessed data in {manifest.folder}: train with --set data.preprocessed={manifest.folder}",
-              file=sys.stderr)
+        print(
+            f"preprocessed data in {manifest.folder}: train with --set data.preprocessed={manifest.folder}",
+            file=sys.stderr,
+        )
 
 
 @app.command()
@@ -138,31 +157,40 @@ def translate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a .pt file written by tcli train")],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="one sentence per line (default stdin)")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default stdout)")] = None,
-    beam: Annotated[int, typer.Option("--beam", min=1, max=256,
-                                      help="beam size; 1 is greedy")] = 5,
+    beam: Annotated[int, typer.Option("--beam", min=1, max=256, help="beam size; 1 is greedy")] = 5,
     lenpen: Annotated[float, typer.Option("--lenpen", min=0.0, max=10.0, help="rank by score / length**lenpen")] = 1.0,
-    max_len_a: Annotated[float, typer.Option("--max-len-a", min=0.0, max=1000.0,
-                                             help="max length = a * source + b")] = 1.2,
-    max_len_b: Annotated[int, typer.Option("--max-len-b", min=1, max=1 << 20,
-                                           help="see --max-len-a")] = 10,
-    nbest: Annotated[int, typer.Option("--nbest", min=1, max=256,
-                                       help="print n hypotheses per line: index, score, text")] = 1,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=16, max=1 << 26,
-                                            help="source tokens per batch")] = 8000,
+    max_len_a: Annotated[
+        float, typer.Option("--max-len-a", min=0.0, max=1000.0, help="max length = a * source + b")
+    ] = 1.2,
+    max_len_b: Annotated[int, typer.Option("--max-len-b", min=1, max=1 << 20, help="see --max-len-a")] = 10,
+    nbest: Annotated[
+        int, typer.Option("--nbest", min=1, max=256, help="print n hypotheses per line: index, score, text")
+    ] = 1,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", min=16, max=1 << 26, help="source tokens per batch")
+    ] = 8000,
     reference: Annotated[Path | None, typer.Option("--reference", help="print sacreBLEU and chrF against it")] = None,
     device: DeviceOpt = "auto",
     precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "auto",
     stats_json: Annotated[Path | None, typer.Option("--stats-json", help="write speed statistics as JSON")] = None,
     quiet: QuietOpt = False,
-    attention: Annotated[Path | None, typer.Option(
-        "--attention", help="write attention heatmaps (PNG) and weights (.npz) to this folder")] = None,
-    attention_max: Annotated[int, typer.Option(
-        "--attention-max", min=1, help="--attention: the first N non-empty lines")] = 10,
-    print_alignment: Annotated[bool, typer.Option(
-        "--print-alignment", help="after each translation line, a line of source-target pairs i-j")] = False,
-    alignment_layer: Annotated[int | None, typer.Option(
-        "--alignment-layer", help="decoder layer for alignments (0-based; negative from the end; "
-                                  "default: second-to-last)")] = None,
+    attention: Annotated[
+        Path | None,
+        typer.Option("--attention", help="write attention heatmaps (PNG) and weights (.npz) to this folder"),
+    ] = None,
+    attention_max: Annotated[
+        int, typer.Option("--attention-max", min=1, help="--attention: the first N non-empty lines")
+    ] = 10,
+    print_alignment: Annotated[
+        bool, typer.Option("--print-alignment", help="after each translation line, a line of source-target pairs i-j")
+    ] = False,
+    alignment_layer: Annotated[
+        int | None,
+        typer.Option(
+            "--alignment-layer",
+            help="decoder layer for alignments (0-based; negative from the end; default: second-to-last)",
+        ),
+    ] = None,
     alignment_unit: Annotated[str, typer.Option("--alignment-unit", help="piece | word")] = "piece",
 ) -> None:
     """Translate a file or stdin with beam search."""
@@ -183,10 +211,17 @@ def translate(
 
 @app.command("pretrain-bert")
 @user_errors
-def pretrain_bert(config: ConfigOpt, set_: SetOpt = None, out: OutOpt = None, resume: ResumeOpt = None,
-                  device: DeviceOpt = "auto", quiet: QuietOpt = False,
-                  init_from_hf: Annotated[Path | None, typer.Option(
-                      "--init-from-hf", help="start from a folder written by tcli export-hf")] = None) -> None:
+def pretrain_bert(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    out: OutOpt = None,
+    resume: ResumeOpt = None,
+    device: DeviceOpt = "auto",
+    quiet: QuietOpt = False,
+    init_from_hf: Annotated[
+        Path | None, typer.Option("--init-from-hf", help="start from a folder written by tcli export-hf")
+    ] = None,
+) -> None:
     """Pretrain BERT (masked LM + next sentence prediction) on your own text."""
     from transformer_cli.config import BertRunConfig, load_config
     from transformer_cli.tasks.bert import pretrain_bert as run
@@ -200,15 +235,20 @@ def pretrain_bert(config: ConfigOpt, set_: SetOpt = None, out: OutOpt = None, re
 def export_hf(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a BERT checkpoint from tcli pretrain-bert")],
     out: Annotated[Path, typer.Option("--out", help="folder to write (config.json, model.safetensors, ...)")],
-    force: Annotated[bool, typer.Option("--force", help="write into a non-empty folder, replacing the HF model and "
-                                        "tokenizer files there")] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="write into a non-empty folder, replacing the HF model and tokenizer files there"),
+    ] = False,
 ) -> None:
     """Write a BERT checkpoint as a folder transformers loads: BertForPreTraining weights and a fast tokenizer."""
     from transformer_cli.hf import export_hf as run
 
     folder = run(checkpoint, out, force)
-    print(f"wrote {folder} (config.json, model.safetensors, spiece.model, tokenizer.json, tokenizer_config.json, "
-          "special_tokens_map.json)", file=sys.stderr)
+    print(
+        f"wrote {folder} (config.json, model.safetensors, spiece.model, tokenizer.json, tokenizer_config.json, "
+        "special_tokens_map.json)",
+        file=sys.stderr,
+    )
 
 
 @app.command("count-params")
@@ -216,8 +256,9 @@ def export_hf(
 def count_params(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="a translation or BERT YAML config")] = None,
     checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="a .pt checkpoint")] = None,
-    preset: Annotated[str | None, typer.Option("--preset", help="bert-base | bert-large | transformer-base | "
-                                               "transformer-big")] = None,
+    preset: Annotated[
+        str | None, typer.Option("--preset", help="bert-base | bert-large | transformer-base | transformer-big")
+    ] = None,
     set_: SetOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="print the numbers as JSON")] = False,
 ) -> None:
@@ -247,19 +288,31 @@ def fill_mask(
 @user_errors
 def evaluate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation or BERT checkpoint")],
-    split: Annotated[str | None, typer.Option("--split", help="a split of the checkpoint's data: translation "
-                                              "{data.dir}/NAME.{src_lang,tgt_lang}; BERT train | valid")] = None,
-    input: Annotated[Path | None, typer.Option("--input", "-i", help="source file (translation) or text "
-                                               "in the training format (BERT)")] = None,
+    split: Annotated[
+        str | None,
+        typer.Option(
+            "--split",
+            help="a split of the checkpoint's data: translation "
+            "{data.dir}/NAME.{src_lang,tgt_lang}; BERT train | valid",
+        ),
+    ] = None,
+    input: Annotated[
+        Path | None,
+        typer.Option("--input", "-i", help="source file (translation) or text in the training format (BERT)"),
+    ] = None,
     reference: Annotated[Path | None, typer.Option("--reference", help="translation: references of --input")] = None,
-    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="--split: read the data from here "
-                                                  "instead of the config's data.dir")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help="--split: read the data from here instead of the config's data.dir"),
+    ] = None,
     beam: Annotated[int | None, typer.Option("--beam", min=1, help="default: the checkpoint's eval.beam")] = None,
     lenpen: Annotated[float | None, typer.Option("--lenpen", min=0.0, help="default: eval.lenpen")] = None,
     json_: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     device: DeviceOpt = "auto",
-    precision: Annotated[str | None, typer.Option("--precision", help="auto | fp32 | bf16 | fp16 "
-                                                  "(default: the checkpoint's train.precision)")] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option("--precision", help="auto | fp32 | bf16 | fp16 (default: the checkpoint's train.precision)"),
+    ] = None,
 ) -> None:
     """Score a checkpoint: translation loss, perplexity, BLEU, chrF; BERT MLM/NSP metrics."""
     from transformer_cli.errors import UserError
@@ -287,10 +340,13 @@ def plot(
 def export_ct2(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation checkpoint from tcli train")],
     out: Annotated[Path, typer.Option("--out", help="folder to write (model.bin, vocabularies, sentencepiece)")],
-    quantization: Annotated[str | None, typer.Option(
-        "--quantization", help="int8 | int8_float32 | bfloat16 | float16 (default: float32 weights)")] = None,
-    force: Annotated[bool, typer.Option("--force", help="write into a non-empty folder, replacing the CTranslate2 "
-                                        "files there")] = False,
+    quantization: Annotated[
+        str | None,
+        typer.Option("--quantization", help="int8 | int8_float32 | bfloat16 | float16 (default: float32 weights)"),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="write into a non-empty folder, replacing the CTranslate2 files there")
+    ] = False,
 ) -> None:
     """Write a translation checkpoint as a CTranslate2 model folder (pip install -e ".[ct2]")."""
     from transformer_cli.export.ct2 import export_ct2 as run
@@ -303,8 +359,10 @@ def export_ct2(
 @user_errors
 def average(
     ctx: typer.Context,
-    checkpoints: Annotated[list[Path] | None, typer.Option(
-        "--checkpoints", help="checkpoints to average (repeat the option, or list them after it)")] = None,
+    checkpoints: Annotated[
+        list[Path] | None,
+        typer.Option("--checkpoints", help="checkpoints to average (repeat the option, or list them after it)"),
+    ] = None,
     run: Annotated[Path | None, typer.Option("--run", help="a run directory: average its newest step files")] = None,
     last: Annotated[int | None, typer.Option("--last", min=2, help="with --run: how many step_<N>.pt")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="the averaged checkpoint to write (.pt)")] = None,

@@ -35,8 +35,10 @@ class _Loader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, Hashable) and key in seen:
-                raise _DuplicateKey(f"key {str(key)[:100]!r} appears twice (lines {seen[key]} and {line}); "
-                                    "keep one", key_node.start_mark)
+                raise _DuplicateKey(
+                    f"key {str(key)[:100]!r} appears twice (lines {seen[key]} and {line}); keep one",
+                    key_node.start_mark,
+                )
             if isinstance(key, Hashable):
                 seen[key] = line
         return super().construct_mapping(node, deep)
@@ -78,17 +80,24 @@ def _check_expansion(root: yaml.Node) -> None:
         return total
 
     if size(root) > MAX_VALUES:
-        raise _DuplicateKey(f"the document expands to more than {MAX_VALUES:,} values through aliases "
-                            "(&anchor / *alias); a config needs no more", root.start_mark)
+        raise _DuplicateKey(
+            f"the document expands to more than {MAX_VALUES:,} values through aliases "
+            "(&anchor / *alias); a config needs no more",
+            root.start_mark,
+        )
 
 
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in ("tag:yaml.org,2002:bool",
-                                                                       "tag:yaml.org,2002:timestamp")]
+    first: [
+        (tag, regexp)
+        for tag, regexp in resolvers
+        if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")
+    ]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                              list("tTfF"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*(?:[eE][-+]?[0-9]+)|\.[0-9_]+(?:[eE][-+]?[0-9]+)?)$"),
@@ -127,9 +136,13 @@ class VocabConfig(Section):
     type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
     joint: bool = Field(True, description="one vocabulary for source and target (needed to share embeddings)")
     character_coverage: float = Field(1.0, gt=0.0, le=1.0, description="share of characters covered")
-    max_sentences: int = Field(1_000_000, ge=1, le=1_000_000_000,
-                               description="at most this many lines (and 50M characters), drawn at random, train "
-                               "the vocabulary (sentencepiece needs about 17 bytes per character: under 1 GB)")
+    max_sentences: int = Field(
+        1_000_000,
+        ge=1,
+        le=1_000_000_000,
+        description="at most this many lines (and 50M characters), drawn at random, train "
+        "the vocabulary (sentencepiece needs about 17 bytes per character: under 1 GB)",
+    )
     model: str | None = Field(None, description="an existing sentencepiece .model to use instead of training one")
 
 
@@ -158,11 +171,21 @@ class TrainConfig(Section):
     log_every: int = Field(50, ge=1, description="log training metrics every this many updates")
     keep_last: int = Field(3, ge=0, description="step checkpoints kept besides best.pt and last.pt")
     patience: int | None = Field(None, ge=1, description="stop after this many evaluations without improvement")
-    average_last: int | None = Field(None, ge=2, le=1000, description="at the end, average the last N step "
-                                     "checkpoints into averaged.pt and score it beside best.pt (keep_last >= N)")
+    average_last: int | None = Field(
+        None,
+        ge=2,
+        le=1000,
+        description="at the end, average the last N step "
+        "checkpoints into averaged.pt and score it beside best.pt (keep_last >= N)",
+    )
     compile: bool = Field(False, description="torch.compile the model")
-    pad_to_multiple: int = Field(2, ge=1, le=512, description="pad batch lengths to a multiple of this: few repeating "
-                                 "tensor shapes keep memory flat and speed steady (1: no rounding)")
+    pad_to_multiple: int = Field(
+        2,
+        ge=1,
+        le=512,
+        description="pad batch lengths to a multiple of this: few repeating "
+        "tensor shapes keep memory flat and speed steady (1: no rounding)",
+    )
 
 
 # ----------------------------------------------------------------------------- translation
@@ -177,10 +200,13 @@ class TranslationDataConfig(Section):
     train: str = Field("train", min_length=1, description="training split name")
     valid: str = Field("val", min_length=1, description="validation split name")
     test: str | None = Field("test", description="test split name, scored at the end of training (null: none)")
-    max_len: int = Field(128, ge=1, le=MAX_POSITIONS,
-                         description="training pairs with a side longer than this (in pieces) are dropped")
-    preprocessed: str | None = Field(None, description="a folder written by tcli preprocess (default: the run "
-                                     "preprocesses into its own data/ folder)")
+    max_len: int = Field(
+        128, ge=1, le=MAX_POSITIONS, description="training pairs with a side longer than this (in pieces) are dropped"
+    )
+    preprocessed: str | None = Field(
+        None,
+        description="a folder written by tcli preprocess (default: the run preprocesses into its own data/ folder)",
+    )
 
 
 class TransformerConfig(Section):
@@ -239,9 +265,11 @@ class TranslationRunConfig(Section):
             raise ValueError(f"data.max_len ({self.data.max_len}) + 2 exceeds model.max_positions ({m.max_positions})")
         padded = -(-(self.data.max_len + 1) // self.train.pad_to_multiple) * self.train.pad_to_multiple
         if padded > m.max_positions:
-            raise ValueError(f"train.pad_to_multiple ({self.train.pad_to_multiple}) pads data.max_len + 1 "
-                             f"({self.data.max_len + 1}) to {padded} positions, more than model.max_positions "
-                             f"({m.max_positions}); use a smaller pad_to_multiple")
+            raise ValueError(
+                f"train.pad_to_multiple ({self.train.pad_to_multiple}) pads data.max_len + 1 "
+                f"({self.data.max_len + 1}) to {padded} positions, more than model.max_positions "
+                f"({m.max_positions}); use a smaller pad_to_multiple"
+            )
         _check_train(self.train)
 
 
@@ -251,8 +279,10 @@ def _check_train(t: TrainConfig) -> None:
     if t.schedule == "linear" and t.max_steps is None and t.max_epochs is None:
         raise ValueError("train.schedule linear decays to 0 at the last step: set train.max_steps or train.max_epochs")
     if t.average_last and t.keep_last < t.average_last:
-        raise ValueError(f"train.average_last ({t.average_last}) needs train.keep_last >= {t.average_last} "
-                         f"(it is {t.keep_last}): only the kept step checkpoints can be averaged")
+        raise ValueError(
+            f"train.average_last ({t.average_last}) needs train.keep_last >= {t.average_last} "
+            f"(it is {t.keep_last}): only the kept step checkpoints can be averaged"
+        )
     if not all(0.0 <= b < 1.0 for b in t.adam_betas):
         raise ValueError(f"train.adam_betas {t.adam_betas} must lie in [0, 1)")
 
@@ -311,8 +341,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise UserError(f"{path}: expected a mapping of sections (data:, model:, train:, ...), "
-                        f"got {type(raw).__name__}")
+        raise UserError(
+            f"{path}: expected a mapping of sections (data:, model:, train:, ...), got {type(raw).__name__}"
+        )
     return raw
 
 
@@ -371,16 +402,20 @@ class BertDataConfig(Section):
     dir: str = Field("data/bert_toy", description="folder with the text files")
     train: str = Field("train.txt", min_length=1, description="training text file under dir")
     valid: str = Field("valid.txt", min_length=1, description="held-out text file under dir")
-    format: Literal["text", "wikitext"] = Field("text", description="text: blank lines separate documents; "
-                                                "wikitext: '= Title =' lines start documents")
+    format: Literal["text", "wikitext"] = Field(
+        "text", description="text: blank lines separate documents; wikitext: '= Title =' lines start documents"
+    )
     split_sentences: bool = Field(False, description="split lines into sentences with a rule-based splitter")
-    preprocessed: str | None = Field(None, description="a folder written by tcli preprocess (default: the run "
-                                     "preprocesses into its own data/ folder)")
+    preprocessed: str | None = Field(
+        None,
+        description="a folder written by tcli preprocess (default: the run preprocesses into its own data/ folder)",
+    )
     max_seq_len: int = Field(128, ge=8, le=MAX_POSITIONS, description="tokens per sequence, [CLS] and [SEP]s included")
     short_seq_prob: float = Field(0.1, ge=0.0, le=1.0, description="share of sequences with a shorter random target")
     mask_prob: float = Field(0.15, gt=0.0, lt=1.0, description="share of non-special positions chosen for MLM")
-    max_predictions: int = Field(20, ge=1, le=MAX_POSITIONS,
-                                 description="at most this many masked positions per sequence")
+    max_predictions: int = Field(
+        20, ge=1, le=MAX_POSITIONS, description="at most this many masked positions per sequence"
+    )
 
 
 class BertModelConfig(Section):
@@ -421,9 +456,11 @@ class BertRunConfig(Section):
             raise ValueError(f"data.max_seq_len ({d.max_seq_len}) exceeds model.max_positions ({m.max_positions})")
         padded = -(-d.max_seq_len // self.train.pad_to_multiple) * self.train.pad_to_multiple
         if padded > m.max_positions:
-            raise ValueError(f"train.pad_to_multiple ({self.train.pad_to_multiple}) pads data.max_seq_len "
-                             f"({d.max_seq_len}) to {padded} positions, more than model.max_positions "
-                             f"({m.max_positions}); use a smaller pad_to_multiple")
+            raise ValueError(
+                f"train.pad_to_multiple ({self.train.pad_to_multiple}) pads data.max_seq_len "
+                f"({d.max_seq_len}) to {padded} positions, more than model.max_positions "
+                f"({m.max_positions}); use a smaller pad_to_multiple"
+            )
         _check_train(self.train)
 
 

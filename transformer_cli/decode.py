@@ -32,8 +32,9 @@ def max_lengths(src: Tensor, pad_id: int, a: float, b: int, limit: int) -> Tenso
 
 
 @torch.inference_mode()
-def greedy_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len_a: float = 1.2,
-                  max_len_b: int = 10) -> list[list[int]]:
+def greedy_search(
+    model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len_a: float = 1.2, max_len_b: int = 10
+) -> list[list[int]]:
     """Argmax decoding; returns token ids per sentence without BOS/EOS."""
     memory, src_pad = model.encode(src)
     B = src.size(0)
@@ -61,8 +62,17 @@ def _strip(tokens: list[int], eos_id: int, pad_id: int) -> list[int]:
 
 
 @torch.inference_mode()
-def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam: int = 5, lenpen: float = 1.0,
-                max_len_a: float = 1.2, max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    bos_id: int,
+    eos_id: int,
+    beam: int = 5,
+    lenpen: float = 1.0,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    nbest: int = 1,
+) -> list[list[Hypothesis]]:
     """Batched beam search; returns the `nbest` best finished hypotheses of each sentence, best first."""
     K, B, device = beam, src.size(0), src.device
     memory, src_pad = model.encode(src)
@@ -126,16 +136,25 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam:
         hyps = []
         for j in order[i, :nbest].tolist():
             if torch.isfinite(fin_scores[i, j]):
-                hyps.append(Hypothesis(_strip(fin_tokens[i, j, 1:].tolist(), eos_id, model.pad_id),
-                                       float(fin_scores[i, j])))
+                hyps.append(
+                    Hypothesis(_strip(fin_tokens[i, j, 1:].tolist(), eos_id, model.pad_id), float(fin_scores[i, j]))
+                )
         results.append(hyps)
     return results
 
 
 @torch.inference_mode()
-def reference_beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam: int = 5,
-                          lenpen: float = 1.0, max_len_a: float = 1.2, max_len_b: int = 10,
-                          nbest: int = 1) -> list[Hypothesis]:
+def reference_beam_search(
+    model: Transformer,
+    src: Tensor,
+    bos_id: int,
+    eos_id: int,
+    beam: int = 5,
+    lenpen: float = 1.0,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    nbest: int = 1,
+) -> list[Hypothesis]:
     """The search `beam_search` performs, written plainly for one sentence src (1, S): a Python list of
     hypotheses, the decoder re-run over each whole prefix at every step (no cache, no batching).
 
@@ -173,8 +192,9 @@ def reference_beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: 
     return [Hypothesis(_strip(tokens[1:], eos_id, model.pad_id), float(score)) for score, tokens in finished[:nbest]]
 
 
-def _row_candidates(logits: Tensor, n: int, at_limit: Tensor, eos_id: int,
-                    chunk_rows: int = 128) -> tuple[Tensor, Tensor]:
+def _row_candidates(
+    logits: Tensor, n: int, at_limit: Tensor, eos_id: int, chunk_rows: int = 128
+) -> tuple[Tensor, Tensor]:
     """The n best next tokens of each hypothesis row and their log-probabilities (fp32), (N, n) each.
 
     log_softmax runs a chunk of rows at a time, so its fp32 (chunk, V) output stays in cache instead of
@@ -207,8 +227,15 @@ class DecodeOptions:
     nbest: int = 1
 
 
-def decode_corpus(model: Transformer, sources: list[list[int]], opts: DecodeOptions, bos_id: int, eos_id: int,
-                  device: torch.device, context=None) -> list[list[Hypothesis]]:
+def decode_corpus(
+    model: Transformer,
+    sources: list[list[int]],
+    opts: DecodeOptions,
+    bos_id: int,
+    eos_id: int,
+    device: torch.device,
+    context=None,
+) -> list[list[Hypothesis]]:
     """Translate many token sequences (EOS appended here), batched by length; results in input order.
 
     `context` is a factory of the runtime's context manager (autocast, attention kernel), or None.
@@ -225,8 +252,9 @@ def decode_corpus(model: Transformer, sources: list[list[int]], opts: DecodeOpti
         chunk = order[start : start + size]
         src = pad_sequences([sources[i][: limit - 1] for i in chunk], model.pad_id, suffix=eos_id).to(device)
         with context() if context is not None else contextlib.nullcontext():
-            hyps = beam_search(model, src, bos_id, eos_id, opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b,
-                               opts.nbest)
+            hyps = beam_search(
+                model, src, bos_id, eos_id, opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b, opts.nbest
+            )
         for i, h in zip(chunk, hyps):
             results[i] = h
         start += size

@@ -54,10 +54,18 @@ def translation_scores(hypotheses: list[str], references: list[str]) -> Translat
 # ----------------------------------------------------------------------------- tcli evaluate
 
 
-def run_evaluate(checkpoint: Path, split: str | None = None, input_path: Path | None = None,
-                 reference: Path | None = None, data_dir: Path | None = None, beam: int | None = None,
-                 lenpen: float | None = None, device: str = "auto", precision: str | None = None,
-                 as_json: bool = False) -> dict[str, Any]:
+def run_evaluate(
+    checkpoint: Path,
+    split: str | None = None,
+    input_path: Path | None = None,
+    reference: Path | None = None,
+    data_dir: Path | None = None,
+    beam: int | None = None,
+    lenpen: float | None = None,
+    device: str = "auto",
+    precision: str | None = None,
+    as_json: bool = False,
+) -> dict[str, Any]:
     """`tcli evaluate`: score a checkpoint on a split of its data or on given files, with the functions
     training evaluates with (transformer_cli/scoring.py), and print the result (text or one JSON line).
 
@@ -82,15 +90,29 @@ def run_evaluate(checkpoint: Path, split: str | None = None, input_path: Path | 
             result = _evaluate_translation(ckpt, model, runtime, split, input_path, reference, data_dir, beam, lenpen)
         else:
             result = _evaluate_bert(ckpt, model, runtime, split, input_path, data_dir)
-    result = {"checkpoint": str(checkpoint), "kind": ckpt.kind, "step": ckpt.state.get("train_state", {}).get("step"),
-              **result, "device": str(runtime.device), "precision": runtime.precision}
+    result = {
+        "checkpoint": str(checkpoint),
+        "kind": ckpt.kind,
+        "step": ckpt.state.get("train_state", {}).get("step"),
+        **result,
+        "device": str(runtime.device),
+        "precision": runtime.precision,
+    }
     print(json.dumps(result) if as_json else _describe(result))
     return result
 
 
-def _evaluate_translation(ckpt: Checkpoint, model: nn.Module, runtime: Runtime, split: str | None,
-                          input_path: Path | None, reference: Path | None, data_dir: Path | None,
-                          beam: int | None, lenpen: float | None) -> dict[str, Any]:
+def _evaluate_translation(
+    ckpt: Checkpoint,
+    model: nn.Module,
+    runtime: Runtime,
+    split: str | None,
+    input_path: Path | None,
+    reference: Path | None,
+    data_dir: Path | None,
+    beam: int | None,
+    lenpen: float | None,
+) -> dict[str, Any]:
     from transformer_cli.datasets.translation import encode_parallel, read_parallel, split_paths
     from transformer_cli.errors import UserError
     from transformer_cli.scoring import eval_decode_options, translate_texts, translation_nll
@@ -100,28 +122,51 @@ def _evaluate_translation(ckpt: Checkpoint, model: nn.Module, runtime: Runtime, 
         src_path, ref_path = split_paths(data_dir or cfg.data.dir, split, cfg.data.src_lang, cfg.data.tgt_lang)
         for path in (src_path, ref_path):
             if not path.is_file():
-                raise UserError(f"--split {split}: {path} not found (the checkpoint's data.dir is {cfg.data.dir}; "
-                                "point elsewhere with --data-dir)")
+                raise UserError(
+                    f"--split {split}: {path} not found (the checkpoint's data.dir is {cfg.data.dir}; "
+                    "point elsewhere with --data-dir)"
+                )
     elif reference is None:
         raise UserError("--input needs --reference (the translations to score against)")
     else:
         src_path, ref_path = input_path, reference
     lines = read_parallel(src_path, ref_path)
     data = encode_parallel(*lines, *ckpt.vocabs, max_len=cfg.model.max_positions - 2)
-    opts = dataclasses.replace(eval_decode_options(cfg.eval), **({"beam": beam} if beam is not None else {}),
-                               **({"lenpen": lenpen} if lenpen is not None else {}))
+    opts = dataclasses.replace(
+        eval_decode_options(cfg.eval),
+        **({"beam": beam} if beam is not None else {}),
+        **({"lenpen": lenpen} if lenpen is not None else {}),
+    )
     nll = translation_nll(model, data, cfg.train.max_tokens, runtime.device, runtime.context)
     hyps = translate_texts(model, data.src, opts, ckpt.vocabs[1], runtime.device, runtime.context)
     scores = translation_scores(hyps, data.tgt_text)
-    return {"data": split if split is not None else str(src_path), "sentences": len(data),
-            "dropped_empty": data.dropped_empty, "dropped_long": data.dropped_long, "tokens": nll.tokens,
-            "loss": nll.loss, "ppl": nll.ppl, "bleu": scores.bleu, "bleu_lc": scores.bleu_lc, "chrf": scores.chrf,
-            "bleu_signature": scores.bleu_signature, "bleu_lc_signature": scores.bleu_lc_signature,
-            "chrf_signature": scores.chrf_signature, "beam": opts.beam, "lenpen": opts.lenpen}
+    return {
+        "data": split if split is not None else str(src_path),
+        "sentences": len(data),
+        "dropped_empty": data.dropped_empty,
+        "dropped_long": data.dropped_long,
+        "tokens": nll.tokens,
+        "loss": nll.loss,
+        "ppl": nll.ppl,
+        "bleu": scores.bleu,
+        "bleu_lc": scores.bleu_lc,
+        "chrf": scores.chrf,
+        "bleu_signature": scores.bleu_signature,
+        "bleu_lc_signature": scores.bleu_lc_signature,
+        "chrf_signature": scores.chrf_signature,
+        "beam": opts.beam,
+        "lenpen": opts.lenpen,
+    }
 
 
-def _evaluate_bert(ckpt: Checkpoint, model: nn.Module, runtime: Runtime, split: str | None, input_path: Path | None,
-                   data_dir: Path | None) -> dict[str, Any]:
+def _evaluate_bert(
+    ckpt: Checkpoint,
+    model: nn.Module,
+    runtime: Runtime,
+    split: str | None,
+    input_path: Path | None,
+    data_dir: Path | None,
+) -> dict[str, Any]:
     from transformer_cli.datasets.bert import check_corpus, encode_documents, read_documents
     from transformer_cli.errors import UserError
     from transformer_cli.scoring import bert_special_ids, bert_validation, held_out_instances
@@ -138,24 +183,44 @@ def _evaluate_bert(ckpt: Checkpoint, model: nn.Module, runtime: Runtime, split: 
     encoded = encode_documents(ckpt.vocabs[0], docs)
     check_corpus(encoded, str(path))
     instances = held_out_instances(encoded, cfg.train.seed, d.max_seq_len, d.short_seq_prob)
-    metrics = bert_validation(model, instances, bert_special_ids(len(ckpt.vocabs[0])), cfg.train.seed,
-                              cfg.train.batch_size, d.mask_prob, d.max_predictions, runtime.device, runtime.context)
-    return {"data": split if split is not None else str(path), "documents": len(encoded), "instances": len(instances),
-            **metrics}
+    metrics = bert_validation(
+        model,
+        instances,
+        bert_special_ids(len(ckpt.vocabs[0])),
+        cfg.train.seed,
+        cfg.train.batch_size,
+        d.mask_prob,
+        d.max_predictions,
+        runtime.device,
+        runtime.context,
+    )
+    return {
+        "data": split if split is not None else str(path),
+        "documents": len(encoded),
+        "instances": len(instances),
+        **metrics,
+    }
 
 
 def _describe(r: dict[str, Any]) -> str:
     head = f"{r['checkpoint']} ({r['kind']}, step {r['step']}) on {r['data']}"
     if r["kind"] == "bert":
-        return "\n".join([f"{head}: {r['documents']} documents, {r['instances']} NSP pairs",
-                          f"MLM loss {r['mlm_loss']:.4f}  perplexity {r['ppl']:.2f}  MLM accuracy {r['mlm_acc']:.4f}",
-                          f"NSP accuracy {r['nsp_acc']:.4f}"])
+        return "\n".join(
+            [
+                f"{head}: {r['documents']} documents, {r['instances']} NSP pairs",
+                f"MLM loss {r['mlm_loss']:.4f}  perplexity {r['ppl']:.2f}  MLM accuracy {r['mlm_acc']:.4f}",
+                f"NSP accuracy {r['nsp_acc']:.4f}",
+            ]
+        )
     dropped = r["dropped_empty"] + r["dropped_long"]
     note = f" ({dropped} dropped: empty side or too long)" if dropped else ""
-    return "\n".join([
-        f"{head}: {r['sentences']} sentence pairs{note}, {r['tokens']} target tokens; beam {r['beam']}, "
-        f"lenpen {r['lenpen']}",
-        f"loss {r['loss']:.4f} (per-token NLL)  perplexity {r['ppl']:.2f}",
-        f"BLEU {r['bleu']:.2f}  ({r['bleu_signature']})",
-        f"BLEU lowercased {r['bleu_lc']:.2f}  ({r['bleu_lc_signature']})",
-        f"chrF {r['chrf']:.2f}  ({r['chrf_signature']})"])
+    return "\n".join(
+        [
+            f"{head}: {r['sentences']} sentence pairs{note}, {r['tokens']} target tokens; beam {r['beam']}, "
+            f"lenpen {r['lenpen']}",
+            f"loss {r['loss']:.4f} (per-token NLL)  perplexity {r['ppl']:.2f}",
+            f"BLEU {r['bleu']:.2f}  ({r['bleu_signature']})",
+            f"BLEU lowercased {r['bleu_lc']:.2f}  ({r['bleu_lc_signature']})",
+            f"chrF {r['chrf']:.2f}  ({r['chrf_signature']})",
+        ]
+    )

@@ -39,8 +39,10 @@ def write_atomic(data: bytes, path: Path) -> None:
 def write_error(e: OSError, path: Path) -> UserError:
     """A failed write as one line; a full disk says that nothing saved before was lost."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return UserError(f"no space left on the device while writing {path}; files saved before are intact: "
-                         "free some space and run the command again (a training run: add --resume auto)")
+        return UserError(
+            f"no space left on the device while writing {path}; files saved before are intact: "
+            "free some space and run the command again (a training run: add --resume auto)"
+        )
     return UserError(f"cannot write {path}: {e.strerror or e}")
 
 

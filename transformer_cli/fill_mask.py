@@ -55,13 +55,21 @@ def check_lines(lines: list[str], encoded: list[list[int]], max_positions: int) 
         if MASK not in text:
             raise UserError(f"line {number} has no {MASK} to fill: {text[:60]!r}")
         if len(ids) > max_positions:
-            raise UserError(f"line {number}: {len(ids)} pieces with [CLS] and [SEP], more than the "
-                            f"{max_positions} positions of this model (model.max_positions); shorten the line")
+            raise UserError(
+                f"line {number}: {len(ids)} pieces with [CLS] and [SEP], more than the "
+                f"{max_positions} positions of this model (model.max_positions); shorten the line"
+            )
 
 
-def fill_mask(model: Bert, vocab: Vocab, lines: list[str], top_k: int, device: torch.device,
-              context: Callable | None = None,
-              batch_size: int = 32) -> list[list[MaskResult]]:
+def fill_mask(
+    model: Bert,
+    vocab: Vocab,
+    lines: list[str],
+    top_k: int,
+    device: torch.device,
+    context: Callable | None = None,
+    batch_size: int = 32,
+) -> list[list[MaskResult]]:
     """The top_k predictions at every [MASK] of every line (lines checked with `check_lines` first)."""
     from transformer_cli.datasets.translation import pad_sequences
 
@@ -77,10 +85,12 @@ def fill_mask(model: Bert, vocab: Vocab, lines: list[str], top_k: int, device: t
             probs = model.mlm_logits(hidden[rows, positions]).float().softmax(-1)  # (M, V)
         top = probs.topk(k, dim=-1)
         batch: list[list[MaskResult]] = [[] for _ in range(ids.size(0))]
-        for row, pos, scores, tokens in zip(rows.tolist(), positions.tolist(), top.values.tolist(),
-                                            top.indices.tolist()):
-            batch[row].append(MaskResult(pos, [Prediction(vocab.sp.id_to_piece(t), t, s)
-                                               for t, s in zip(tokens, scores)]))
+        for row, pos, scores, tokens in zip(
+            rows.tolist(), positions.tolist(), top.values.tolist(), top.indices.tolist()
+        ):
+            batch[row].append(
+                MaskResult(pos, [Prediction(vocab.sp.id_to_piece(t), t, s) for t, s in zip(tokens, scores)])
+            )
         results.extend(batch)
     return results
 
@@ -94,13 +104,32 @@ def format_plain(text: str, masks: list[MaskResult]) -> str:
 
 
 def format_json(text: str, masks: list[MaskResult]) -> str:
-    return json.dumps({"text": text, "masks": [
-        {"position": m.position, "predictions": [{"token": p.token, "id": p.id, "score": p.score}
-                                                 for p in m.predictions]} for m in masks]}, ensure_ascii=False) + "\n"
+    return (
+        json.dumps(
+            {
+                "text": text,
+                "masks": [
+                    {
+                        "position": m.position,
+                        "predictions": [{"token": p.token, "id": p.id, "score": p.score} for p in m.predictions],
+                    }
+                    for m in masks
+                ],
+            },
+            ensure_ascii=False,
+        )
+        + "\n"
+    )
 
 
-def run_fill_mask(checkpoint: Path, text: str | None, input_path: Path | None, top_k: int = 5,
-                  as_json: bool = False, device: str = "auto") -> list[list[MaskResult]]:
+def run_fill_mask(
+    checkpoint: Path,
+    text: str | None,
+    input_path: Path | None,
+    top_k: int = 5,
+    as_json: bool = False,
+    device: str = "auto",
+) -> list[list[MaskResult]]:
     """Read the lines (TEXT or --input), predict, print one block (or one JSON object) per line."""
     from transformer_cli.checkpoint import read_checkpoint
     from transformer_cli.datasets.text import read_lines

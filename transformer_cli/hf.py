@@ -103,12 +103,30 @@ def hf_config(model: BertModelConfig, vocab_size: int) -> dict:
 # Files a transformers loader reads from a model folder (weights, configs, tokenizers): an export replaces
 # them all, so that nothing of an earlier model in the folder is picked up with ours.
 HF_FILES = (
-    "config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-    "pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "tf_model.h5.index.json",
-    "flax_model.msgpack", "flax_model.msgpack.index.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model",
-    "sentencepiece.bpe.model", "tokenizer.model", "chat_template.jinja", "chat_template.json",
-    "preprocessor_config.json", "processor_config.json",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "tf_model.h5",
+    "tf_model.h5.index.json",
+    "flax_model.msgpack",
+    "flax_model.msgpack.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
 )
 HF_SHARDS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin", "tf_model-*-of-*.h5")
 
@@ -160,20 +178,31 @@ def load_hf_bert(folder: Path, model: BertModelConfig) -> tuple[dict[str, Tensor
         if not path.is_file():
             raise UserError(f"{where}: {path.name} not found (a folder written by tcli export-hf)")
     if not vocab_path.is_file():
-        raise UserError(f"{where}: no spiece.model; its vocabulary cannot be matched to a "
-                        "tcli vocabulary (export the model with tcli export-hf)")
+        raise UserError(
+            f"{where}: no spiece.model; its vocabulary cannot be matched to a "
+            "tcli vocabulary (export the model with tcli export-hf)"
+        )
     hf = _read_json_object(config_path)
     vocab = Vocab.load(vocab_path)
     check_bert_vocab(vocab, str(vocab_path))
     expected = hf_config(model, len(vocab))
-    for hf_key, ours in (("hidden_size", "d_model"), ("num_hidden_layers", "layers"), ("num_attention_heads", "heads"),
-                         ("intermediate_size", "ffn_dim"), ("max_position_embeddings", "max_positions")):
+    for hf_key, ours in (
+        ("hidden_size", "d_model"),
+        ("num_hidden_layers", "layers"),
+        ("num_attention_heads", "heads"),
+        ("intermediate_size", "ffn_dim"),
+        ("max_position_embeddings", "max_positions"),
+    ):
         if hf.get(hf_key) != expected[hf_key]:
-            raise UserError(f"{where}: {hf_key} is {hf.get(hf_key)} but model.{ours} is "
-                            f"{expected[hf_key]}; set model.{ours}={hf.get(hf_key)}")
+            raise UserError(
+                f"{where}: {hf_key} is {hf.get(hf_key)} but model.{ours} is "
+                f"{expected[hf_key]}; set model.{ours}={hf.get(hf_key)}"
+            )
     if hf.get("vocab_size") != len(vocab):
-        raise UserError(f"{where}: config.json vocab_size {hf.get('vocab_size')} does not match "
-                        f"its spiece.model ({len(vocab)} pieces)")
+        raise UserError(
+            f"{where}: config.json vocab_size {hf.get('vocab_size')} does not match "
+            f"its spiece.model ({len(vocab)} pieces)"
+        )
     weights = _read_safetensors(weights_path)
     with torch.device("meta"):
         reference = to_hf_state_dict(build_bert(model, len(vocab)).state_dict(), model.layers)

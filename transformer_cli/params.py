@@ -37,16 +37,50 @@ MB = 2**20  # bytes per MB in every size this module reports
 
 # Presets only fix numbers; everything else keeps the config defaults.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "bert-base": ("bert", {"vocab": {"size": 30522}, "model": {
-        "d_model": 768, "layers": 12, "heads": 12, "ffn_dim": 3072, "max_positions": 512}}),
-    "bert-large": ("bert", {"vocab": {"size": 30522}, "model": {
-        "d_model": 1024, "layers": 24, "heads": 16, "ffn_dim": 4096, "max_positions": 512}}),
-    "transformer-base": ("translation", {"vocab": {"size": 37000, "joint": True}, "model": {
-        "d_model": 512, "heads": 8, "ffn_dim": 2048, "enc_layers": 6, "dec_layers": 6,
-        "share_embeddings": True, "tie_output": True}}),
-    "transformer-big": ("translation", {"vocab": {"size": 37000, "joint": True}, "model": {
-        "d_model": 1024, "heads": 16, "ffn_dim": 4096, "enc_layers": 6, "dec_layers": 6,
-        "share_embeddings": True, "tie_output": True}}),
+    "bert-base": (
+        "bert",
+        {
+            "vocab": {"size": 30522},
+            "model": {"d_model": 768, "layers": 12, "heads": 12, "ffn_dim": 3072, "max_positions": 512},
+        },
+    ),
+    "bert-large": (
+        "bert",
+        {
+            "vocab": {"size": 30522},
+            "model": {"d_model": 1024, "layers": 24, "heads": 16, "ffn_dim": 4096, "max_positions": 512},
+        },
+    ),
+    "transformer-base": (
+        "translation",
+        {
+            "vocab": {"size": 37000, "joint": True},
+            "model": {
+                "d_model": 512,
+                "heads": 8,
+                "ffn_dim": 2048,
+                "enc_layers": 6,
+                "dec_layers": 6,
+                "share_embeddings": True,
+                "tie_output": True,
+            },
+        },
+    ),
+    "transformer-big": (
+        "translation",
+        {
+            "vocab": {"size": 37000, "joint": True},
+            "model": {
+                "d_model": 1024,
+                "heads": 16,
+                "ffn_dim": 4096,
+                "enc_layers": 6,
+                "dec_layers": 6,
+                "share_embeddings": True,
+                "tie_output": True,
+            },
+        },
+    ),
 }
 
 RunConfig = BertRunConfig | TranslationRunConfig
@@ -127,8 +161,11 @@ def _row_key(row: tuple[str, int]) -> tuple[int, ...]:
     words = row[0].split()
     section = ["self-attn", "cross-attn", "FFN", "LayerNorm"]
     part = ["Q", "K", "V", "O", "W1", "W2"]
-    return (section.index(words[0]) if words[0] in section else 9,
-            part.index(words[1]) if words[1] in part else 9, words[-1] == "bias")
+    return (
+        section.index(words[0]) if words[0] in section else 9,
+        part.index(words[1]) if words[1] in part else 9,
+        words[-1] == "bias",
+    )
 
 
 def _component(name: str, group: str, tied: bool = False, note: str = "", **extra: Any) -> dict[str, Any]:
@@ -164,10 +201,13 @@ def count_model(model: nn.Module, kind: str) -> dict[str, Any]:
         owner[id(p)] = label
     if kind == "bert":  # the MLM decoder is F.linear with the token embeddings: an implicit tie
         comps["token embeddings"].update(tied=True, note="tied: also the MLM decoder")
-        comps["MLM decoder"] = _component("MLM decoder", "pretraining heads", tied=True,
-                                          note="tied to token embeddings, 0 new")
-    rows = sorted(comps.values(), key=lambda c: (_GROUPS.index(c["group"]) if c["group"] in _GROUPS else 99,
-                                                 _ORDER.get(c["name"], 0)))
+        comps["MLM decoder"] = _component(
+            "MLM decoder", "pretraining heads", tied=True, note="tied to token embeddings, 0 new"
+        )
+    rows = sorted(
+        comps.values(),
+        key=lambda c: (_GROUPS.index(c["group"]) if c["group"] in _GROUPS else 99, _ORDER.get(c["name"], 0)),
+    )
     for comp in rows:
         if "layers" in comp:
             _finish_stack(comp)
@@ -223,8 +263,16 @@ def bert_formula(m: BertModelConfig, V: int) -> Formula:
         Term("BertForPreTraining", "BertModel + heads", f"{base:,} + {heads:,}", base + heads),
     ]
     note = "F = 4H: BertModel = (V+P+T+2)·H + L·(12H² + 13H) + (H² + H)" if F == 4 * H else ""
-    return Formula(terms, base + heads, note, L * 12 * H * H + V * H, f"L·12H² + V·H = {L}·12·{H}² + {V}·{H}",
-                   "omits biases, LayerNorms, positions, segments and the pooler", "BertModel", base)
+    return Formula(
+        terms,
+        base + heads,
+        note,
+        L * 12 * H * H + V * H,
+        f"L·12H² + V·H = {L}·12·{H}² + {V}·{H}",
+        "omits biases, LayerNorms, positions, segments and the pooler",
+        "BertModel",
+        base,
+    )
 
 
 def transformer_formula(m: TransformerConfig, Vs: int, Vt: int) -> Formula:
@@ -256,16 +304,19 @@ def transformer_formula(m: TransformerConfig, Vs: int, Vt: int) -> Formula:
     note = "F = 4d: encoder layer = 12d² + 13d, decoder layer = 16d² + 19d" if F == 4 * d else ""
     rows = (emb.value + out.value) // d  # rows of the distinct embedding/output matrices
     text = f"(N+M)·12d² + V·d = ({N}+{M})·12·{d}² + {rows}·{d}"
-    why = ("the BERT rule on both stacks, V = rows of the distinct embedding/output matrices; "
-           "omits cross-attention (4d² per decoder layer), biases and LayerNorms")
+    why = (
+        "the BERT rule on both stacks, V = rows of the distinct embedding/output matrices; "
+        "omits cross-attention (4d² per decoder layer), biases and LayerNorms"
+    )
     return Formula(terms, total, note, (N + M) * 12 * d * d + rows * d, text, why, "total", total)
 
 
 # ----------------------------------------------------------------------------- report
 
 
-def count_config(cfg: RunConfig, src_vocab: int | None = None, tgt_vocab: int | None = None,
-                 source: str = "config") -> dict[str, Any]:
+def count_config(
+    cfg: RunConfig, src_vocab: int | None = None, tgt_vocab: int | None = None, source: str = "config"
+) -> dict[str, Any]:
     """Build the model of `cfg` on the meta device; count it and evaluate the formula on the config.
 
     Vocabulary sizes default to `cfg.vocab.size` (both sides for translation).
@@ -283,17 +334,32 @@ def count_config(cfg: RunConfig, src_vocab: int | None = None, tgt_vocab: int | 
         sizes = {"V": Vs, "H": m.d_model, "L": m.layers, "A": m.heads, "F": m.ffn_dim, "P": m.max_positions, "T": 2}
         formula = bert_formula(m, Vs)
     else:
-        sizes = {"Vs": Vs, "Vt": Vt, "d": m.d_model, "h": m.heads, "F": m.ffn_dim, "N": m.enc_layers,
-                 "M": m.dec_layers, "norm": m.norm, "share_embeddings": m.share_embeddings,
-                 "tie_output": m.tie_output}
+        sizes = {
+            "Vs": Vs,
+            "Vt": Vt,
+            "d": m.d_model,
+            "h": m.heads,
+            "F": m.ffn_dim,
+            "N": m.enc_layers,
+            "M": m.dec_layers,
+            "norm": m.norm,
+            "share_embeddings": m.share_embeddings,
+            "tie_output": m.tie_output,
+        }
         formula = transformer_formula(m, Vs, Vt)
     report = {"kind": kind, "source": source, "sizes": sizes, **count_model(model, kind)}
     report.update(
-        bytes_fp32=4 * report["total"], bytes_bf16=2 * report["total"],
-        mb_fp32=round(4 * report["total"] / MB, 2), mb_bf16=round(2 * report["total"] / MB, 2),
-        formula=[asdict(t) for t in formula.terms], formula_note=formula.note, formula_total=formula.total,
-        formula_matches=formula.total == report["total"], approximation=formula.approximation,
-        approximation_text=formula.approximation_text, approximation_note=formula.approximation_note,
+        bytes_fp32=4 * report["total"],
+        bytes_bf16=2 * report["total"],
+        mb_fp32=round(4 * report["total"] / MB, 2),
+        mb_bf16=round(2 * report["total"] / MB, 2),
+        formula=[asdict(t) for t in formula.terms],
+        formula_note=formula.note,
+        formula_total=formula.total,
+        formula_matches=formula.total == report["total"],
+        approximation=formula.approximation,
+        approximation_text=formula.approximation_text,
+        approximation_note=formula.approximation_note,
         approximation_of=formula.reference,
         approximation_rel_error=(formula.approximation - formula.reference_value) / formula.reference_value,
     )
@@ -338,8 +404,12 @@ def _line(label: str, value: int, note: str = "") -> str:
 def format_table(r: dict[str, Any]) -> str:
     """The report as a plain-text table: components, totals, sizes, formula, approximation."""
     bert = r["kind"] == "bert"
-    out = [f"{'BERT' if bert else 'Transformer (translation)'} from {r['source']}",
-           "  ".join(f"{k}={v}" for k, v in r["sizes"].items()), "", f"{'component':<56}{'parameters':>14}"]
+    out = [
+        f"{'BERT' if bert else 'Transformer (translation)'} from {r['source']}",
+        "  ".join(f"{k}={v}" for k, v in r["sizes"].items()),
+        "",
+        f"{'component':<56}{'parameters':>14}",
+    ]
     group = None
     for c in r["components"]:
         if bert and c["group"] == "pretraining heads" and group != c["group"]:
@@ -363,13 +433,16 @@ def format_table(r: dict[str, Any]) -> str:
         out.append(f"  with {r['formula_note']}")
     check = "equals the built model" if r["formula_matches"] else f"DIFFERS from the built model ({r['total']:,})"
     out.append(f"  formula total {r['formula_total']:,}: {check}")
-    out.append(f"approximation {r['approximation_text']} = {r['approximation']:,} "
-               f"({r['approximation_rel_error']:+.2%} vs {r['approximation_of']}): {r['approximation_note']}")
+    out.append(
+        f"approximation {r['approximation_text']} = {r['approximation']:,} "
+        f"({r['approximation_rel_error']:+.2%} vs {r['approximation_of']}): {r['approximation_note']}"
+    )
     return "\n".join(out)
 
 
-def run_count_params(config: Path | None, checkpoint: Path | None, preset: str | None,
-                     overrides: list[str] | None, as_json: bool) -> dict[str, Any]:
+def run_count_params(
+    config: Path | None, checkpoint: Path | None, preset: str | None, overrides: list[str] | None, as_json: bool
+) -> dict[str, Any]:
     """`tcli count-params`: print the table (or JSON) for exactly one source and return the report."""
     if sum(s is not None for s in (config, checkpoint, preset)) != 1:
         raise UserError("give one of --config, --checkpoint or --preset")

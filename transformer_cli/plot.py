@@ -19,10 +19,18 @@ from transformer_cli.errors import UserError
 
 # (row title, [(event, key, label)]): the first series of a row that the log has decides its presence.
 ROWS: list[tuple[str, list[tuple[str, str, str]]]] = [
-    ("loss", [("train", "loss", "training loss"), ("eval", "valid_loss", "validation loss"),
-              ("eval", "mlm_loss", "validation MLM loss")]),
-    ("validation", [("eval", "bleu", "BLEU"), ("eval", "mlm_acc", "MLM accuracy"),
-                    ("eval", "nsp_acc", "NSP accuracy")]),
+    (
+        "loss",
+        [
+            ("train", "loss", "training loss"),
+            ("eval", "valid_loss", "validation loss"),
+            ("eval", "mlm_loss", "validation MLM loss"),
+        ],
+    ),
+    (
+        "validation",
+        [("eval", "bleu", "BLEU"), ("eval", "mlm_acc", "MLM accuracy"), ("eval", "nsp_acc", "NSP accuracy")],
+    ),
     ("learning rate", [("train", "lr", "learning rate")]),
     ("tokens/s", [("train", "tgt_tokens_per_sec", "target tokens/s"), ("train", "tokens_per_sec", "tokens/s")]),
 ]
@@ -51,8 +59,9 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 
 def wall_clock(events: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """(steps, seconds) of the events that carry wall_s, from (0, 0), for interpolation."""
-    known = sorted({(0, 0.0), *((e["step"], float(e["wall_s"])) for e in events
-                                if isinstance(e.get("wall_s"), int | float))})
+    known = sorted(
+        {(0, 0.0), *((e["step"], float(e["wall_s"])) for e in events if isinstance(e.get("wall_s"), int | float))}
+    )
     steps, seconds = zip(*known)
     return np.array(steps, dtype=float), np.array(seconds, dtype=float)
 

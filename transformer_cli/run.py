@@ -34,16 +34,30 @@ OWN_ENTRIES = {MARKER, LOCK, "config.yaml", "vocab", "data", "checkpoints", "met
 
 # Keys that may differ when a run is resumed: they change neither the model, the vocabulary, nor the order
 # in which the data are fed (which the checkpoint's saved position refers to). Everything else is refused.
-SAFE_ON_RESUME = frozenset({
-    "data.dir",  # the training files are compared by their hash, wherever they are
-    "data.preprocessed",  # so are preprocessed ones (their manifest holds the hash of the text they came from)
-    "data.test",
-    "train.max_steps", "train.max_epochs", "train.max_minutes",
-    "train.eval_every", "train.save_every", "train.log_every", "train.keep_last", "train.patience",
-    "train.average_last", "train.compile", "train.precision",
-    "vocab.max_sentences",  # a resume takes the checkpoint's vocabulary; this only bounds training a new one
-    "eval.beam", "eval.lenpen", "eval.max_len_a", "eval.max_len_b", "eval.max_tokens",
-})
+SAFE_ON_RESUME = frozenset(
+    {
+        "data.dir",  # the training files are compared by their hash, wherever they are
+        "data.preprocessed",  # so are preprocessed ones (their manifest holds the hash of the text they came from)
+        "data.test",
+        "train.max_steps",
+        "train.max_epochs",
+        "train.max_minutes",
+        "train.eval_every",
+        "train.save_every",
+        "train.log_every",
+        "train.keep_last",
+        "train.patience",
+        "train.average_last",
+        "train.compile",
+        "train.precision",
+        "vocab.max_sentences",  # a resume takes the checkpoint's vocabulary; this only bounds training a new one
+        "eval.beam",
+        "eval.lenpen",
+        "eval.max_len_a",
+        "eval.max_len_b",
+        "eval.max_tokens",
+    }
+)
 
 
 def say(quiet: bool, message: str) -> None:
@@ -79,8 +93,9 @@ class RunDirectory:
         if not _try_lock(fd):
             holder = _read_pid(fd)
             os.close(fd)
-            raise UserError(f"{self.path} is in use by another tcli run (PID {holder}); wait for it to end "
-                            "or choose another --out")
+            raise UserError(
+                f"{self.path} is in use by another tcli run (PID {holder}); wait for it to end or choose another --out"
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
@@ -107,15 +122,18 @@ class RunDirectory:
         marker = self._marker()
         if marker is not None:
             if marker.get("kind") != self.kind:
-                raise UserError(f"{self.path} holds a {marker.get('kind')} run, not a {self.kind} run; "
-                                "choose another --out")
+                raise UserError(
+                    f"{self.path} holds a {marker.get('kind')} run, not a {self.kind} run; choose another --out"
+                )
             return
         legacy = "checkpoints" in entries or "metrics.jsonl" in entries
         foreign = sorted(entries - OWN_ENTRIES)
         if entries and (foreign or not legacy):
             shown = ", ".join((foreign or sorted(entries))[:3])
-            raise UserError(f"--out {self.path} is not empty and is not a tcli run directory (it holds {shown}"
-                            f"{', ...' if len(entries) > 3 else ''}); choose a new or empty directory")
+            raise UserError(
+                f"--out {self.path} is not empty and is not a tcli run directory (it holds {shown}"
+                f"{', ...' if len(entries) > 3 else ''}); choose a new or empty directory"
+            )
         if legacy and (self.ckpt_dir / "last.pt").is_file():
             from transformer_cli.checkpoint import read_checkpoint
 
@@ -170,8 +188,7 @@ class RunDirectory:
         self._write_marker("finished", finished_step=step)
 
     def _write_marker(self, status: str, **extra: Any) -> None:
-        data = {"tcli": __version__, "kind": self.kind, "status": status, "checkpointed": self.checkpointed,
-                **extra}
+        data = {"tcli": __version__, "kind": self.kind, "status": status, "checkpointed": self.checkpointed, **extra}
         write_atomic((json.dumps(data, indent=1) + "\n").encode(), self.path / MARKER)
 
 
@@ -213,13 +230,16 @@ def check_resume_config(stored: dict[str, Any], new: dict[str, Any], path: Path)
     changed = [k for k in now if old.get(k, now[k]) != now[k] and k not in SAFE_ON_RESUME]
     if changed:
         key = changed[0]
-        why = {"model": "the model", "vocab": "the vocabulary"}.get(key.split(".")[0], "what the saved data "
-                                                                      "position and optimizer state mean")
+        why = {"model": "the model", "vocab": "the vocabulary"}.get(
+            key.split(".")[0], "what the saved data position and optimizer state mean"
+        )
         more = f" (and {', '.join(changed[1:3])}{', ...' if len(changed) > 3 else ''})" if len(changed) > 1 else ""
-        raise UserError(f"cannot resume {path} with {key} changed ({old[key]!r} -> {now[key]!r}){more}: it changes "
-                        f"{why}; keep the old value or use a new --out (keys that may change on resume: "
-                        "max_steps, max_epochs, max_minutes, eval_every, save_every, log_every, keep_last, "
-                        "patience, eval.*; see the README)")
+        raise UserError(
+            f"cannot resume {path} with {key} changed ({old[key]!r} -> {now[key]!r}){more}: it changes "
+            f"{why}; keep the old value or use a new --out (keys that may change on resume: "
+            "max_steps, max_epochs, max_minutes, eval_every, save_every, log_every, keep_last, "
+            "patience, eval.*; see the README)"
+        )
 
 
 def stop_reason(cfg: Any, train_state: dict[str, Any]) -> str | None:
@@ -256,9 +276,11 @@ def check_training_memory(parameters: int, extra_elements: int, device: Any) -> 
     else:
         have = physical_memory_bytes()
     if have is not None and need > have:
-        raise UserError(f"the model has {parameters:,} parameters: training needs at least {need / 2**30:,.1f} GiB "
-                        f"for weights, gradients and optimizer state, more than the {have / 2**30:,.1f} GiB of "
-                        f"{device.type}; make model.d_model, ffn_dim or the layer count smaller")
+        raise UserError(
+            f"the model has {parameters:,} parameters: training needs at least {need / 2**30:,.1f} GiB "
+            f"for weights, gradients and optimizer state, more than the {have / 2**30:,.1f} GiB of "
+            f"{device.type}; make model.d_model, ffn_dim or the layer count smaller"
+        )
 
 
 # ----------------------------------------------------------------------------- the lifecycle
@@ -313,8 +335,9 @@ class SetupBase:
         return self._sources
 
 
-def run_training(setup: TaskSetup, cfg: Any, run_dir: Path, device: str = "auto", resume: bool = False,
-                 quiet: bool = False) -> dict[str, Any]:
+def run_training(
+    setup: TaskSetup, cfg: Any, run_dir: Path, device: str = "auto", resume: bool = False, quiet: bool = False
+) -> dict[str, Any]:
     """Train a run from its config, start to end, with every guarantee of the README's "What tcli
     guarantees"; returns the end event."""
     from transformer_cli.train.loop import Trainer, resume_requested
@@ -331,8 +354,10 @@ def run_training(setup: TaskSetup, cfg: Any, run_dir: Path, device: str = "auto"
         if ckpt is not None:
             check_resume_config(ckpt.state["config"], cfg.model_dump(mode="json"), ckpt.path)
             if ckpt.state.get("data_fingerprint") != setup.data_fingerprint():
-                raise UserError(f"the training data differ from those {ckpt.path} was trained on; resume with the "
-                                "same files or use a new --out")
+                raise UserError(
+                    f"the training data differ from those {ckpt.path} was trained on; resume with the "
+                    "same files or use a new --out"
+                )
             if setup.preprocessed() is not None:
                 _check_preprocessed_vocab(setup, setup.vocabs_from_checkpoint(ckpt))
             finished = stop_reason(cfg.train, ckpt.state["train_state"])
@@ -372,8 +397,9 @@ def _checkpoint_to_resume(directory: RunDirectory, resume: bool, quiet: bool) ->
     if not resume:
         if saved:
             names = ", ".join(p.name for p in saved[:3])
-            raise UserError(f"{directory.path} already holds a run ({names}); resume it with --resume auto "
-                            "or choose another --out")
+            raise UserError(
+                f"{directory.path} already holds a run ({names}); resume it with --resume auto or choose another --out"
+            )
         return None
     if last.is_file():
         from transformer_cli.checkpoint import read_checkpoint
@@ -385,8 +411,10 @@ def _checkpoint_to_resume(directory: RunDirectory, resume: bool, quiet: bool) ->
             path.unlink()
         return None
     if saved:
-        raise UserError(f"{directory.path} holds {saved[0].name} but no last.pt, so the run cannot be resumed; "
-                        "choose another --out (or start from a copy of it with tcli average / export)")
+        raise UserError(
+            f"{directory.path} holds {saved[0].name} but no last.pt, so the run cannot be resumed; "
+            "choose another --out (or start from a copy of it with tcli average / export)"
+        )
     say(quiet, f"no {last} yet: starting a new run")
     return None
 
@@ -422,7 +450,6 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-
 # ----------------------------------------------------------------------------- preprocessed data
 
 
@@ -440,15 +467,19 @@ def check_preprocessed(manifest: Manifest, settings: dict[str, Any], vocab: Voca
     found = manifest.data["settings"]
     for key, value in settings.items():
         if found.get(key) != value:
-            raise UserError(f"data.{key} is {value!r} in the config but {manifest.folder} was preprocessed with "
-                            f"{found.get(key)!r}; use the config it was made with, or preprocess again")
+            raise UserError(
+                f"data.{key} is {value!r} in the config but {manifest.folder} was preprocessed with "
+                f"{found.get(key)!r}; use the config it was made with, or preprocess again"
+            )
     wanted = vocab_settings("", vocab, 0, "")["vocab"]
     built = manifest.data["vocab_settings"]["vocab"]
     for key, value in wanted.items():
         if built.get(key) != value:
-            raise UserError(f"vocab.{key} is {value!r} in the config but {manifest.folder} was tokenised with a "
-                            f"vocabulary of {key} {built.get(key)!r}; use the config it was made with, or "
-                            "preprocess again")
+            raise UserError(
+                f"vocab.{key} is {value!r} in the config but {manifest.folder} was tokenised with a "
+                f"vocabulary of {key} {built.get(key)!r}; use the config it was made with, or "
+                "preprocess again"
+            )
 
 
 def prepare_data(folder: Path, setup: TaskSetup, vocabs: list[Vocab], quiet: bool) -> Manifest:
@@ -470,8 +501,10 @@ def prepare_data(folder: Path, setup: TaskSetup, vocabs: list[Vocab], quiet: boo
 def _check_preprocessed_vocab(setup: TaskSetup, vocabs: list[Vocab]) -> None:
     given = setup.preprocessed()
     if given is not None and given.data["vocab_sha256"] != _vocab_hashes(setup, vocabs):
-        raise UserError(f"{given.folder} was tokenised with another vocabulary than this run's; preprocess "
-                        "again (with the run's vocab.model) or start a new --out")
+        raise UserError(
+            f"{given.folder} was tokenised with another vocabulary than this run's; preprocess "
+            "again (with the run's vocab.model) or start a new --out"
+        )
 
 
 def _vocab_hashes(setup: TaskSetup, vocabs: list[Vocab]) -> dict[str, str]:
@@ -479,8 +512,12 @@ def _vocab_hashes(setup: TaskSetup, vocabs: list[Vocab]) -> dict[str, str]:
 
 
 def _expected_manifest(setup: TaskSetup, vocabs: list[Vocab]) -> dict[str, Any]:
-    return {"kind": setup.kind, "settings": setup.data_settings(), "vocab_sha256": _vocab_hashes(setup, vocabs),
-            "sources": setup.sources()}
+    return {
+        "kind": setup.kind,
+        "settings": setup.data_settings(),
+        "vocab_sha256": _vocab_hashes(setup, vocabs),
+        "sources": setup.sources(),
+    }
 
 
 def _complete(folder: Path, kind: str) -> Manifest | None:
@@ -494,27 +531,42 @@ def _differences(found: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     return [key for key, value in expected.items() if found.get(key) != value]
 
 
-def write_preprocessed(folder: Path, setup: TaskSetup, vocabs: list[Vocab], expected: dict[str, Any],
-                       quiet: bool) -> Manifest:
+def write_preprocessed(
+    folder: Path, setup: TaskSetup, vocabs: list[Vocab], expected: dict[str, Any], quiet: bool
+) -> Manifest:
     """Tokenise the text into `folder`: the old manifest goes first, the new one last (atomically)."""
     say(quiet, f"tokenising the data into {folder}")
     shards.begin(folder)
     for name, vocab in zip(setup.vocab_files(), vocabs):
         write_atomic(vocab.model_bytes, folder / "vocab" / f"{name}.model")
     splits = setup.write_shards(folder, vocabs, quiet)
-    shards.finish(folder, {**expected, "tcli": __version__,
-                           "dtype": shards.token_dtype(max(len(v) for v in vocabs)).str,
-                           "vocab_files": setup.vocab_files(), "vocab_settings": setup.vocab_settings(),
-                           "data_fingerprint": setup.data_fingerprint(), "splits": splits})
+    shards.finish(
+        folder,
+        {
+            **expected,
+            "tcli": __version__,
+            "dtype": shards.token_dtype(max(len(v) for v in vocabs)).str,
+            "vocab_files": setup.vocab_files(),
+            "vocab_settings": setup.vocab_settings(),
+            "data_fingerprint": setup.data_fingerprint(),
+            "splits": splits,
+        },
+    )
     for name, split in splits.items():
         dropped = ", ".join(f"{n:,} {reason.replace('_', ' ')}" for reason, n in split.get("dropped", {}).items() if n)
-        say(quiet, f"{name}: " + ", ".join(f"{n:,} {what}" for what, n in split["counts"].items())
-            + (f" (dropped: {dropped})" if dropped else ""))
+        say(
+            quiet,
+            f"{name}: "
+            + ", ".join(f"{n:,} {what}" for what, n in split["counts"].items())
+            + (f" (dropped: {dropped})" if dropped else ""),
+        )
     return read_manifest(folder, setup.kind)
 
 
-PREPROCESSED_ENTRY = re.compile(r"^(manifest\.json|vocab|\.lock|.+\.(bin|idx|ref|docs)|bert_sample_map_\w+\.npy|"
-                                r"\..+\.tmp\d+)$")  # the sample map: BERT training caches it beside the arrays
+PREPROCESSED_ENTRY = re.compile(
+    r"^(manifest\.json|vocab|\.lock|.+\.(bin|idx|ref|docs)|bert_sample_map_\w+\.npy|"
+    r"\..+\.tmp\d+)$"
+)  # the sample map: BERT training caches it beside the arrays
 
 
 def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool = False) -> Manifest:
@@ -525,11 +577,15 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
         raise UserError(f"--out {out} is a file, not a directory")
     foreign = sorted(p.name for p in out.iterdir() if not PREPROCESSED_ENTRY.match(p.name)) if out.is_dir() else []
     if foreign:
-        raise UserError(f"--out {out} is not empty and is not a preprocessed-data folder (it holds "
-                        f"{', '.join(foreign[:3])}); choose a new or empty directory")
+        raise UserError(
+            f"--out {out} is not empty and is not a preprocessed-data folder (it holds "
+            f"{', '.join(foreign[:3])}); choose a new or empty directory"
+        )
     if setup.preprocessed() is not None:
-        raise UserError("the config sets data.preprocessed: tcli preprocess writes such a folder from the text "
-                        "files; remove the key")
+        raise UserError(
+            "the config sets data.preprocessed: tcli preprocess writes such a folder from the text "
+            "files; remove the key"
+        )
     setup.read_data()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -550,11 +606,15 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
                 return found
             key = changed[0]
             if isinstance(expected[key], dict):  # name the setting or file inside
-                inner = [k for k in {**expected[key], **found.data.get(key, {})}
-                         if expected[key].get(k) != found.data.get(key, {}).get(k)]
+                inner = [
+                    k
+                    for k in {**expected[key], **found.data.get(key, {})}
+                    if expected[key].get(k) != found.data.get(key, {}).get(k)
+                ]
                 key = f"{key} ({', '.join(map(str, inner[:3]))})" if inner else key
-            raise UserError(f"{out} holds preprocessed data with other {key}; use --force to replace it, or "
-                            "another --out")
+            raise UserError(
+                f"{out} holds preprocessed data with other {key}; use --force to replace it, or another --out"
+            )
         remove_stale_temporaries(out)
         vocabs = prepare_vocab(out, setup, None, quiet)
         return write_preprocessed(out, setup, vocabs, _expected_manifest(setup, vocabs), quiet)

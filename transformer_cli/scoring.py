@@ -39,8 +39,9 @@ class NllResult:
         return math.exp(min(self.loss, 50.0))
 
 
-def translation_nll(model: nn.Module, data: ParallelData, max_tokens: int, device: torch.device,
-                    context: Callable) -> NllResult:
+def translation_nll(
+    model: nn.Module, data: ParallelData, max_tokens: int, device: torch.device, context: Callable
+) -> NllResult:
     """Summed target NLL (no label smoothing) over batches of at most `max_tokens` padded tokens, in a
     fixed order (no shuffling)."""
     nll, tokens = 0.0, 0
@@ -54,8 +55,14 @@ def translation_nll(model: nn.Module, data: ParallelData, max_tokens: int, devic
     return NllResult(nll, tokens)
 
 
-def translate_texts(model: nn.Module, sources: list[list[int]], opts: DecodeOptions, tgt_vocab: Vocab,
-                    device: torch.device, context: Callable) -> list[str]:
+def translate_texts(
+    model: nn.Module,
+    sources: list[list[int]],
+    opts: DecodeOptions,
+    tgt_vocab: Vocab,
+    device: torch.device,
+    context: Callable,
+) -> list[str]:
     """The best beam-search hypothesis of each source, detokenised (an empty string when none finished)."""
     hyps = decode_corpus(model, sources, opts, BOS_ID, EOS_ID, device, context)
     return tgt_vocab.decode([h[0].tokens if h else [] for h in hyps])
@@ -66,8 +73,15 @@ def eval_decode_options(e: EvalConfig) -> DecodeOptions:
     return DecodeOptions(e.beam, e.lenpen, e.max_len_a, e.max_len_b, e.max_tokens)
 
 
-def translation_validation(model: nn.Module, data: ParallelData, tgt_vocab: Vocab, max_tokens: int,
-                           opts: DecodeOptions | None, device: torch.device, context: Callable) -> dict[str, float]:
+def translation_validation(
+    model: nn.Module,
+    data: ParallelData,
+    tgt_vocab: Vocab,
+    max_tokens: int,
+    opts: DecodeOptions | None,
+    device: torch.device,
+    context: Callable,
+) -> dict[str, float]:
     """The eval event of a translation run: valid_loss (per-token NLL), valid_ppl and, when `opts` is
     given, sacreBLEU (cased) of beam-search output against the raw references."""
     from transformer_cli.evaluate import bleu
@@ -91,8 +105,9 @@ def bert_special_ids(vocab_size: int) -> SpecialIds:
     return SpecialIds(pad=0, cls=2, sep=3, mask=4, first_normal=5, vocab_size=vocab_size)
 
 
-def held_out_instances(docs: list[list[list[int]]], seed: int, max_seq_len: int,
-                       short_seq_prob: float) -> list[Instance]:
+def held_out_instances(
+    docs: list[list[list[int]]], seed: int, max_seq_len: int, short_seq_prob: float
+) -> list[Instance]:
     """The held-out NSP pairs, drawn once so that every evaluation scores the same thing."""
     return make_instances(docs, max_seq_len, short_seq_prob, random.Random(seed + HELD_OUT_SEED_OFFSET))
 
@@ -102,9 +117,17 @@ def mask_seed(seed: int, number: int) -> int:
     return hash((seed, 3, number)) & 0x7FFF_FFFF_FFFF
 
 
-def bert_validation(model: nn.Module, instances: list[Instance], ids: SpecialIds, seed: int, batch_size: int,
-                    mask_prob: float, max_predictions: int, device: torch.device,
-                    context: Callable) -> dict[str, float]:
+def bert_validation(
+    model: nn.Module,
+    instances: list[Instance],
+    ids: SpecialIds,
+    seed: int,
+    batch_size: int,
+    mask_prob: float,
+    max_predictions: int,
+    device: torch.device,
+    context: Callable,
+) -> dict[str, float]:
     """MLM loss and accuracy at the masked positions, NSP accuracy, perplexity = exp(MLM loss)."""
     sums = {"mlm_loss": 0.0, "mlm_correct": 0, "mlm": 0, "nsp_correct": 0, "nsp": 0}
     rng = random.Random(seed + BATCH_ORDER_SEED_OFFSET)
@@ -120,5 +143,9 @@ def bert_validation(model: nn.Module, instances: list[Instance], ids: SpecialIds
         sums["mlm"] += int(out.mlm_count)
         sums["nsp"] += out.nsp_count
     mlm_loss = sums["mlm_loss"] / max(sums["mlm"], 1)
-    return {"mlm_loss": mlm_loss, "mlm_acc": sums["mlm_correct"] / max(sums["mlm"], 1),
-            "nsp_acc": sums["nsp_correct"] / max(sums["nsp"], 1), "ppl": math.exp(min(mlm_loss, 50.0))}
+    return {
+        "mlm_loss": mlm_loss,
+        "mlm_acc": sums["mlm_correct"] / max(sums["mlm"], 1),
+        "nsp_acc": sums["nsp_correct"] / max(sums["nsp"], 1),
+        "ppl": math.exp(min(mlm_loss, 50.0)),
+    }

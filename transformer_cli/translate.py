@@ -53,8 +53,9 @@ class Translator:
         """The longest source (in pieces, EOS excluded) the positions table covers."""
         return self.model.positions.size(0) - 2
 
-    def translate(self, lines: list[str], opts: DecodeOptions, warn=None,
-                  first_line: int = 0) -> list[list[tuple[str, float]]]:
+    def translate(
+        self, lines: list[str], opts: DecodeOptions, warn=None, first_line: int = 0
+    ) -> list[list[tuple[str, float]]]:
         """n-best (text, score) lists in input order; an empty line gets an empty hypothesis.
 
         A line longer than the model's positions is cut to what they cover, and `warn(message)` is told
@@ -65,8 +66,10 @@ class Translator:
         limit = self.max_source_pieces
         for i, ids in zip(nonempty, sources):
             if len(ids) > limit and warn is not None:
-                warn(f"warning: line {first_line + i + 1}: {len(ids)} source pieces, more than the {limit} this "
-                     f"model's positions cover (model.max_positions); only the first {limit} are translated")
+                warn(
+                    f"warning: line {first_line + i + 1}: {len(ids)} source pieces, more than the {limit} this "
+                    f"model's positions cover (model.max_positions); only the first {limit} are translated"
+                )
         with torch.inference_mode():
             hyps = decode_corpus(self.model, sources, opts, BOS_ID, EOS_ID, self.runtime.device, self.runtime.context)
         out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
@@ -122,9 +125,18 @@ class InspectOptions:
     alignment_unit: str = "piece"  # piece | word
 
 
-def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None, opts: DecodeOptions,
-                  reference: Path | None = None, device: str = "auto", precision: str = "auto", quiet: bool = False,
-                  stats_json: Path | None = None, inspect: InspectOptions | None = None) -> dict:
+def run_translate(
+    checkpoint: Path,
+    input_path: Path | None,
+    output: Path | None,
+    opts: DecodeOptions,
+    reference: Path | None = None,
+    device: str = "auto",
+    precision: str = "auto",
+    quiet: bool = False,
+    stats_json: Path | None = None,
+    inspect: InspectOptions | None = None,
+) -> dict:
     """Translate as the input streams in, print scores against a reference and speed statistics (stderr).
     `inspect` adds attention heatmaps and/or printed alignments of the chosen hypotheses."""
     for option, path in (("--output", output), ("--stats-json", stats_json)):
@@ -150,10 +162,16 @@ def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None
     if refs is not None and len(refs) != done.sentences:
         raise UserError(f"--reference {reference} has {len(refs)} lines but the input has {done.sentences}")
     seconds = done.seconds
-    stats = {"sentences": done.sentences, "tokens": done.tokens, "seconds": round(seconds, 3),
-             "sentences_per_sec": round(done.sentences / seconds, 2) if seconds else 0.0,
-             "tokens_per_sec": round(done.tokens / seconds, 1) if seconds else 0.0,
-             "beam": opts.beam, "device": str(translator.runtime.device), "precision": translator.runtime.precision}
+    stats = {
+        "sentences": done.sentences,
+        "tokens": done.tokens,
+        "seconds": round(seconds, 3),
+        "sentences_per_sec": round(done.sentences / seconds, 2) if seconds else 0.0,
+        "tokens_per_sec": round(done.tokens / seconds, 1) if seconds else 0.0,
+        "beam": opts.beam,
+        "device": str(translator.runtime.device),
+        "precision": translator.runtime.precision,
+    }
     if refs is not None:
         from transformer_cli.evaluate import translation_scores
 
@@ -161,9 +179,12 @@ def run_translate(checkpoint: Path, input_path: Path | None, output: Path | None
         stats.update(bleu=round(scores.bleu, 2), bleu_lc=round(scores.bleu_lc, 2), chrf=round(scores.chrf, 2))
         print("\n".join(scores.lines()), file=sys.stderr)
     if not quiet:
-        print(f"{stats['sentences']} sentences, {stats['tokens']} tokens in {stats['seconds']:.2f}s: "
-              f"{stats['sentences_per_sec']:.1f} sentences/s, {stats['tokens_per_sec']:.0f} tokens/s "
-              f"(beam {opts.beam}, {stats['device']}, {stats['precision']})", file=sys.stderr)
+        print(
+            f"{stats['sentences']} sentences, {stats['tokens']} tokens in {stats['seconds']:.2f}s: "
+            f"{stats['sentences_per_sec']:.1f} sentences/s, {stats['tokens_per_sec']:.0f} tokens/s "
+            f"(beam {opts.beam}, {stats['device']}, {stats['precision']})",
+            file=sys.stderr,
+        )
     if stats_json is not None:
         _write_text(stats_json, json.dumps(stats, indent=1) + "\n", "--stats-json")
     if inspect.attention_dir is not None:
@@ -185,26 +206,46 @@ class _Streamed:
     # --attention: (line index, source ids, target ids, line, translation) of the first non-empty lines
 
 
-def _translate_stream(translator: Translator, lines: LineReader, write: Callable[[str], None], opts: DecodeOptions,
-                      layer: int | None, inspect: InspectOptions, keep_best: bool) -> _Streamed:
+def _translate_stream(
+    translator: Translator,
+    lines: LineReader,
+    write: Callable[[str], None],
+    opts: DecodeOptions,
+    layer: int | None,
+    inspect: InspectOptions,
+    keep_best: bool,
+) -> _Streamed:
     """Translate chunk by chunk, writing each chunk's output before reading on."""
     done = _Streamed()
     for chunk in chunks(lines):
         start = time.perf_counter()
-        results = translator.translate(chunk, opts, warn=lambda message: print(message, file=sys.stderr),
-                                       first_line=done.sentences)
+        results = translator.translate(
+            chunk, opts, warn=lambda message: print(message, file=sys.stderr), first_line=done.sentences
+        )
         done.seconds += time.perf_counter() - start
         done.tokens += translator.decoded_tokens
         alignments = _alignments(translator, results, layer, inspect.alignment_unit) if layer is not None else None
-        write("".join(_format(done.sentences + i, nbest, opts.nbest, alignments[i] if alignments else None)
-                      for i, nbest in enumerate(results)))
+        write(
+            "".join(
+                _format(done.sentences + i, nbest, opts.nbest, alignments[i] if alignments else None)
+                for i, nbest in enumerate(results)
+            )
+        )
         if keep_best:
             done.best.extend(nbest[0][0] for nbest in results)
         if inspect.attention_dir is not None:
             wanted = inspect.attention_max - len(done.shown)
             chosen = sorted(i for i, (_, hyps) in translator.token_ids.items() if hyps)[: max(wanted, 0)]
-            done.shown += [(done.sentences + i, translator.token_ids[i][0], translator.token_ids[i][1][0], chunk[i],
-                            results[i][0][0]) for i in chosen]
+            done.shown += [
+                (
+                    done.sentences + i,
+                    translator.token_ids[i][0],
+                    translator.token_ids[i][1][0],
+                    chunk[i],
+                    results[i][0][0],
+                )
+                for i in chosen
+            ]
         done.sentences += len(chunk)
     return done
 
@@ -213,6 +254,7 @@ def _writer(output: Path | None, stack: ExitStack) -> Callable[[str], None]:
     """A function that writes text to stdout or --output (opened once) and flushes it: each chunk's
     lines are out before the next chunk is read."""
     if output is None:
+
         def write(text: str) -> None:
             sys.stdout.write(text)
             sys.stdout.flush()
@@ -233,29 +275,49 @@ def _writer(output: Path | None, stack: ExitStack) -> Callable[[str], None]:
     return write_file
 
 
-def _alignments(translator: Translator, results: list[list[tuple[str, float]]], layer: int,
-                unit: str) -> list[list[str]]:
+def _alignments(
+    translator: Translator, results: list[list[tuple[str, float]]], layer: int, unit: str
+) -> list[list[str]]:
     """The alignment line of every output hypothesis (an empty line for an empty input line)."""
     from transformer_cli.attention import alignment_lines
 
     keys = [(i, k) for i, (_, hyps) in translator.token_ids.items() for k in range(len(hyps))]
     pairs = [(translator.token_ids[i][0], translator.token_ids[i][1][k]) for i, k in keys]
-    found = alignment_lines(translator.model, translator.src_vocab, translator.tgt_vocab, pairs, layer, unit, BOS_ID,
-                            EOS_ID, translator.runtime.device, translator.runtime.context)
+    found = alignment_lines(
+        translator.model,
+        translator.src_vocab,
+        translator.tgt_vocab,
+        pairs,
+        layer,
+        unit,
+        BOS_ID,
+        EOS_ID,
+        translator.runtime.device,
+        translator.runtime.context,
+    )
     out = [[""] * len(nbest) for nbest in results]
     for (i, k), line in zip(keys, found):
         out[i][k] = line
     return out
 
 
-def _write_attention(translator: Translator, shown: list[tuple[int, list[int], list[int], str, str]],
-                     folder: Path) -> None:
+def _write_attention(
+    translator: Translator, shown: list[tuple[int, list[int], list[int], str, str]], folder: Path
+) -> None:
     """Heatmaps and weights of the best hypotheses of the lines `_translate_stream` kept."""
     from transformer_cli.attention import attention_maps, write_attention
 
     pairs = [(source_ids, target_ids) for _, source_ids, target_ids, _, _ in shown]
-    maps = attention_maps(translator.model, translator.src_vocab, translator.tgt_vocab, pairs, BOS_ID, EOS_ID,
-                          translator.runtime.device, translator.runtime.context)
+    maps = attention_maps(
+        translator.model,
+        translator.src_vocab,
+        translator.tgt_vocab,
+        pairs,
+        BOS_ID,
+        EOS_ID,
+        translator.runtime.device,
+        translator.runtime.context,
+    )
     for (i, _, _, line, translation), m in zip(shown, maps):
         write_attention(folder, i, m, line, translation)
 
@@ -286,4 +348,3 @@ def _format(index: int, nbest: list[tuple[str, float]], n: int, alignments: list
     if alignments is not None:
         rows = [line for k, row in enumerate(rows) for line in (row, alignments[k] if k < len(alignments) else "")]
     return "".join(row + "\n" for row in rows)
-

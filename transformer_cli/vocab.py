@@ -101,12 +101,15 @@ def train_vocab(
         detail = " ".join(str(e).split())
         chars = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", detail)
         if chars:
-            raise UserError(f"vocab.size {size} is too small for {source}: its characters and the special pieces "
-                            f"need {chars.group(2)}; raise vocab.size or lower vocab.character_coverage") from None
+            raise UserError(
+                f"vocab.size {size} is too small for {source}: its characters and the special pieces "
+                f"need {chars.group(2)}; raise vocab.size or lower vocab.character_coverage"
+            ) from None
         detail = detail[:200]
-        raise UserError(f"sentencepiece could not train a vocabulary of up to {size} pieces on {source} "
-                        f"({len(sample)} lines): {detail}; a small corpus needs a smaller vocab.size, or add text"
-                        ) from None
+        raise UserError(
+            f"sentencepiece could not train a vocabulary of up to {size} pieces on {source} "
+            f"({len(sample)} lines): {detail}; a small corpus needs a smaller vocab.size, or add text"
+        ) from None
     return Vocab(out.getvalue())
 
 
@@ -122,8 +125,10 @@ def check_translation_vocab(vocab: Vocab, source: str) -> None:
     """Translation models rely on <pad> 0, <unk> 1, <s> 2, </s> 3 (the ids tcli trains vocabularies with)."""
     have = (vocab.pad_id, vocab.unk_id, vocab.bos_id, vocab.eos_id)
     if have != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-        raise UserError(f"{source} has pad/unk/bos/eos ids {'/'.join(map(str, have))}, tcli needs 0/1/2/3: train it "
-                        "with spm_train --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3, or leave vocab.model unset")
+        raise UserError(
+            f"{source} has pad/unk/bos/eos ids {'/'.join(map(str, have))}, tcli needs 0/1/2/3: train it "
+            "with spm_train --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3, or leave vocab.model unset"
+        )
 
 
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in every tcli BERT vocabulary
@@ -132,5 +137,6 @@ BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in ev
 def check_bert_vocab(vocab: Vocab, source: str) -> None:
     ids = [vocab.piece_to_id(p) for p in BERT_SPECIALS]
     if ids != list(range(len(BERT_SPECIALS))):
-        raise UserError(f"{source}: the vocabulary does not hold {', '.join(BERT_SPECIALS)} at ids 0-4; "
-                        "it is not a BERT vocabulary")
+        raise UserError(
+            f"{source}: the vocabulary does not hold {', '.join(BERT_SPECIALS)} at ids 0-4; it is not a BERT vocabulary"
+        )

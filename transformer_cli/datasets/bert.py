@@ -34,6 +34,7 @@ IS_NEXT, NOT_NEXT = 0, 1
 
 # ----------------------------------------------------------------------------- documents
 
+
 def read_documents(path: Path, fmt: str, split: bool) -> list[list[str]]:
     """Documents as lists of sentences.
 
@@ -83,8 +84,9 @@ def check_corpus(docs: list[list[list[int]]], name: str, fmt: str = "text") -> N
     check_document_counts(len(docs), max(map(len, docs), default=0), name, fmt)
 
 
-def make_instances(docs: list[list[list[int]]], max_seq_len: int, short_seq_prob: float,
-                   rng: random.Random) -> list[Instance]:
+def make_instances(
+    docs: list[list[list[int]]], max_seq_len: int, short_seq_prob: float, rng: random.Random
+) -> list[Instance]:
     """NSP instances for one pass over the corpus. Documents of one sentence serve only as random B sides."""
     instances = []
     for d in range(len(docs)):
@@ -183,14 +185,25 @@ class BertBatch:
         ids, labels = self.input_ids[rank::world], self.mlm_labels[rank::world]
         if ids.size(0) == 0:
             return None
-        return BertBatch(ids, self.segment_ids[rank::world], labels, self.nsp_labels[rank::world],
-                         masked=int(labels.ne(IGNORE).sum()), real_tokens=int(ids.ne(0).sum()))
+        return BertBatch(
+            ids,
+            self.segment_ids[rank::world],
+            labels,
+            self.nsp_labels[rank::world],
+            masked=int(labels.ne(IGNORE).sum()),
+            real_tokens=int(ids.ne(0).sum()),
+        )
 
     def to(self, device: torch.device) -> BertBatch:
         nb = device.type == "cuda"
-        return BertBatch(self.input_ids.to(device, non_blocking=nb), self.segment_ids.to(device, non_blocking=nb),
-                         self.mlm_labels.to(device, non_blocking=nb), self.nsp_labels.to(device, non_blocking=nb),
-                         self.masked, self.real_tokens)
+        return BertBatch(
+            self.input_ids.to(device, non_blocking=nb),
+            self.segment_ids.to(device, non_blocking=nb),
+            self.mlm_labels.to(device, non_blocking=nb),
+            self.nsp_labels.to(device, non_blocking=nb),
+            self.masked,
+            self.real_tokens,
+        )
 
 
 def length_batches(lengths: list[int], batch_size: int, rng: random.Random, pool: int = 100) -> list[list[int]]:
@@ -221,8 +234,9 @@ def collate_pairs(instances: list[Instance], ids: SpecialIds, multiple: int = 1)
     return input_ids, segments, nsp
 
 
-def mask_tokens(input_ids: Tensor, ids: SpecialIds, mask_prob: float, max_predictions: int,
-                generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def mask_tokens(
+    input_ids: Tensor, ids: SpecialIds, mask_prob: float, max_predictions: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
     """BERT masking, vectorised over the batch: in each row choose round(mask_prob * n) of its n
     non-special positions (at least 1, at most max_predictions); of those 80% -> [MASK],
     10% -> a random token, 10% unchanged. Returns (masked input ids, labels)."""
@@ -243,12 +257,19 @@ def mask_tokens(input_ids: Tensor, ids: SpecialIds, mask_prob: float, max_predic
     return masked, labels
 
 
-def make_batch(instances: list[Instance], ids: SpecialIds, mask_prob: float, max_predictions: int,
-               generator: torch.Generator, multiple: int = 1) -> BertBatch:
+def make_batch(
+    instances: list[Instance],
+    ids: SpecialIds,
+    mask_prob: float,
+    max_predictions: int,
+    generator: torch.Generator,
+    multiple: int = 1,
+) -> BertBatch:
     input_ids, segments, nsp = collate_pairs(instances, ids, multiple)
     masked, labels = mask_tokens(input_ids, ids, mask_prob, max_predictions, generator)
-    return BertBatch(masked, segments, labels, nsp, masked=int(labels.ne(IGNORE).sum()),
-                     real_tokens=int(input_ids.ne(ids.pad).sum()))
+    return BertBatch(
+        masked, segments, labels, nsp, masked=int(labels.ne(IGNORE).sum()), real_tokens=int(input_ids.ne(ids.pad).sum())
+    )
 
 
 def encode_documents(vocab, docs: list[list[str]]) -> list[list[list[int]]]:
@@ -285,8 +306,9 @@ def sentence_targets(n_sentences: int, max_seq_len: int, short_seq_prob: float, 
     return np.where(short, rng.integers(2, max_tokens + 1, n_sentences), max_tokens)
 
 
-def build_sample_map(offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int, short_seq_prob: float,
-                     seed: int) -> np.ndarray:
+def build_sample_map(
+    offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int, short_seq_prob: float, seed: int
+) -> np.ndarray:
     """The chunks of consecutive sentences that NSP samples are made of, in corpus order: an (n_samples, 4) int64
     array of [doc, first sentence, end sentence (exclusive), target tokens].
 
@@ -319,8 +341,9 @@ def build_sample_map(offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: i
     return np.stack([doc, starts, ends, targets[starts]], axis=1).astype(np.int64, copy=False)
 
 
-def is_sample_map_of(sample_map: np.ndarray, offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int,
-                     short_seq_prob: float) -> bool:
+def is_sample_map_of(
+    sample_map: np.ndarray, offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int, short_seq_prob: float
+) -> bool:
     """Whether `sample_map` is a map that build_sample_map could cut from this corpus under these settings (the
     random targets aside): the chunks tile every document of two or more sentences, in order, and each ends where
     the rule ends it. A cache file is checked with this before it is used."""
@@ -342,8 +365,14 @@ def is_sample_map_of(sample_map: np.ndarray, offsets: np.ndarray, doc_starts: np
     return bool(((end == greedy) | ((end == doc_end) & (greedy == doc_end - 1))).all())
 
 
-def sample_map_cached(cache_dir: Path | None, offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int,
-                      short_seq_prob: float, seed: int) -> np.ndarray:
+def sample_map_cached(
+    cache_dir: Path | None,
+    offsets: np.ndarray,
+    doc_starts: np.ndarray,
+    max_seq_len: int,
+    short_seq_prob: float,
+    seed: int,
+) -> np.ndarray:
     """build_sample_map, kept in `cache_dir` as a .npy named by the settings and a digest of the corpus index and
     loaded memory-mapped, so every rank and every later run reads one file. A cache file that does not load or is
     not a valid map of this corpus is rebuilt (a killed write leaves no half file: tmp + rename)."""
@@ -365,11 +394,18 @@ def sample_map_cached(cache_dir: Path | None, offsets: np.ndarray, doc_starts: n
     return np.load(path, mmap_mode="r")
 
 
-def _sample_map_key(offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int, short_seq_prob: float,
-                    seed: int) -> str:
+def _sample_map_key(
+    offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int, short_seq_prob: float, seed: int
+) -> str:
     """The settings, the index sizes, and up to 4097 evenly spaced entries of each index (cheap on a memmap)."""
-    settings = {"version": SAMPLE_MAP_VERSION, "max_seq_len": int(max_seq_len), "short_seq_prob": float(short_seq_prob),
-                "seed": int(seed), "offsets": len(offsets), "doc_starts": len(doc_starts)}
+    settings = {
+        "version": SAMPLE_MAP_VERSION,
+        "max_seq_len": int(max_seq_len),
+        "short_seq_prob": float(short_seq_prob),
+        "seed": int(seed),
+        "offsets": len(offsets),
+        "doc_starts": len(doc_starts),
+    }
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for index in (offsets, doc_starts):
         picks = np.linspace(0, len(index) - 1, num=min(len(index), 4097)).astype(np.int64)
@@ -409,8 +445,15 @@ class EpochPlan(Sequence):
         return PlanBatch(number, self.order[j * self.batch_size : (j + 1) * self.batch_size])
 
 
-def plan_epoch(sample_map: np.ndarray, offsets: np.ndarray, doc_starts: np.ndarray, max_seq_len: int,
-               batch_size: int, seed: int, epoch: int) -> EpochPlan:
+def plan_epoch(
+    sample_map: np.ndarray,
+    offsets: np.ndarray,
+    doc_starts: np.ndarray,
+    max_seq_len: int,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+) -> EpochPlan:
     """Draw one epoch's pairs for all samples at once from (seed, epoch), as make_instances does one by one: A ends
     uniformly inside the chunk; half the pairs are IsNext (B = the rest of the chunk); NotNext pairs take B from a
     uniformly drawn other document, from a random sentence on, sentence by sentence until B holds
@@ -436,8 +479,9 @@ def plan_epoch(sample_map: np.ndarray, offsets: np.ndarray, doc_starts: np.ndarr
     return EpochPlan(sample_map, max_seq_len, batch_size, a_end, b_start, b_end, is_next, lengths, order, batch_order)
 
 
-def _length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
-                    pool: int = 100) -> tuple[np.ndarray, np.ndarray]:
+def _length_batches(
+    lengths: np.ndarray, batch_size: int, rng: np.random.Generator, pool: int = 100
+) -> tuple[np.ndarray, np.ndarray]:
     """length_batches on arrays: shuffle, sort by length within pools of pool*batch_size, cut into batch_size
     slices (only the very last can be short), shuffle the batch order. Returns (order, batch_order)."""
     shuffled = rng.permutation(len(lengths))
@@ -454,9 +498,17 @@ def truncated_lengths(len_a: np.ndarray, len_b: np.ndarray, max_tokens: int) -> 
     return keep_a, np.where(over, max_tokens - keep_a, len_b)
 
 
-def make_plan_batch(plan: EpochPlan, spec: PlanBatch, spans: Callable[[np.ndarray, np.ndarray], np.ndarray],
-                    offsets: np.ndarray, ids: SpecialIds, mask_prob: float, max_predictions: int,
-                    generator: torch.Generator, multiple: int = 1) -> BertBatch:
+def make_plan_batch(
+    plan: EpochPlan,
+    spec: PlanBatch,
+    spans: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    offsets: np.ndarray,
+    ids: SpecialIds,
+    mask_prob: float,
+    max_predictions: int,
+    generator: torch.Generator,
+    multiple: int = 1,
+) -> BertBatch:
     """The batch `spec` of `plan`, its rows read from the corpus now (`spans(starts, lengths)`: those token
     ranges, concatenated, as TokenArray.spans reads them): pairs truncated as _truncate_pair (A loses tokens
     at its start, B at its end), laid out as collate_pairs, masked by mask_tokens."""
@@ -464,16 +516,19 @@ def make_plan_batch(plan: EpochPlan, spec: PlanBatch, spans: Callable[[np.ndarra
     a_first, a_end = offsets[plan.sample_map[rows, FIRST]], offsets[plan.a_end[rows]]  # (B,) token positions
     b_first = offsets[plan.b_start[rows]]
     keep_a, keep_b = truncated_lengths(a_end - a_first, offsets[plan.b_end[rows]] - b_first, plan.max_seq_len - 3)
-    input_ids, segments = _pack_pairs(spans(a_end - keep_a, keep_a), keep_a, spans(b_first, keep_b), keep_b, ids,
-                                      multiple)
+    input_ids, segments = _pack_pairs(
+        spans(a_end - keep_a, keep_a), keep_a, spans(b_first, keep_b), keep_b, ids, multiple
+    )
     nsp = torch.from_numpy(np.where(plan.is_next[rows], IS_NEXT, NOT_NEXT))
     masked, labels = mask_tokens(input_ids, ids, mask_prob, max_predictions, generator)
-    return BertBatch(masked, segments, labels, nsp, masked=int(labels.ne(IGNORE).sum()),
-                     real_tokens=int(input_ids.ne(ids.pad).sum()))
+    return BertBatch(
+        masked, segments, labels, nsp, masked=int(labels.ne(IGNORE).sum()), real_tokens=int(input_ids.ne(ids.pad).sum())
+    )
 
 
-def _pack_pairs(a_tokens: np.ndarray, a_len: np.ndarray, b_tokens: np.ndarray, b_len: np.ndarray, ids: SpecialIds,
-                multiple: int) -> tuple[Tensor, Tensor]:
+def _pack_pairs(
+    a_tokens: np.ndarray, a_len: np.ndarray, b_tokens: np.ndarray, b_len: np.ndarray, ids: SpecialIds, multiple: int
+) -> tuple[Tensor, Tensor]:
     """(B, T) rows `[CLS] A [SEP] B [SEP] [PAD]...` from the rows' A and B tokens (each concatenated, with their
     lengths), and their segment ids (B and its [SEP] are 1); T is the longest row rounded up to a multiple of
     `multiple`."""

@@ -127,8 +127,9 @@ class TokenArray:
     def spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Tokens [starts[i], starts[i] + lengths[i]) for every i, concatenated as int64, read with pread."""
         fd, item = self._bin.fileno(), self.tokens.dtype.itemsize
-        data = b"".join(os.pread(fd, n * item, a * item) for a, n in zip(np.asarray(starts).tolist(),
-                                                                         np.asarray(lengths).tolist()))
+        data = b"".join(
+            os.pread(fd, n * item, a * item) for a, n in zip(np.asarray(starts).tolist(), np.asarray(lengths).tolist())
+        )
         flat = np.frombuffer(data, self.tokens.dtype)
         if len(flat) != int(np.sum(lengths)):
             raise UserError(f"{self.path} changed while training read it; preprocess again")
@@ -158,8 +159,9 @@ def _map(path: Path, dtype: np.dtype) -> np.ndarray:
         if size == 0:
             return np.zeros(0, dtype)
         if size % dtype.itemsize:
-            raise UserError(f"{path} is truncated ({size} bytes is not a whole number of {dtype} values); "
-                            "preprocess again")
+            raise UserError(
+                f"{path} is truncated ({size} bytes is not a whole number of {dtype} values); preprocess again"
+            )
         with open(path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as e:
@@ -225,8 +227,9 @@ def read_manifest(folder: Path, kind: str) -> Manifest:
                 raise UserError(f"{file} {state} (truncated or changed); run tcli preprocess again")
     for vocab in [folder / "vocab" / f"{n}.model" for n in data["vocab_files"]]:
         if not vocab.is_file() or sha256_bytes(vocab.read_bytes()) != data["vocab_sha256"][vocab.stem]:
-            raise UserError(f"{vocab} is missing or differs from the one {folder} was tokenised with; "
-                            "run tcli preprocess again")
+            raise UserError(
+                f"{vocab} is missing or differs from the one {folder} was tokenised with; run tcli preprocess again"
+            )
     return Manifest(folder, data)
 
 
@@ -329,8 +332,14 @@ def choose_workers(sizes: list[int], workers: int | None) -> int:
 def progress(desc: str, quiet: bool):
     from tqdm import tqdm
 
-    return tqdm(desc=desc, unit=" lines", unit_scale=True, dynamic_ncols=True, file=sys.stderr,
-                disable=quiet or not sys.stderr.isatty())
+    return tqdm(
+        desc=desc,
+        unit=" lines",
+        unit_scale=True,
+        dynamic_ncols=True,
+        file=sys.stderr,
+        disable=quiet or not sys.stderr.isatty(),
+    )
 
 
 def reservoir(lines: Iterable[str], size: int, seed: int, max_chars: int = SAMPLE_CHARS) -> list[str]:
@@ -399,8 +408,16 @@ def encode_pairs(task: tuple[Block, Block, int | None, bool, str]) -> dict[str, 
         src, tgt = src[np.repeat(keep, src_lens)], tgt[np.repeat(keep, tgt_lens)]
         src_lens, tgt_lens = src_lens[keep], tgt_lens[keep]
     refs = [tgt_lines[i] for i in np.flatnonzero(keep)] if references else None
-    return {"src": src.astype(dtype), "src_lens": src_lens, "tgt": tgt.astype(dtype), "tgt_lens": tgt_lens,
-            "lines": lines, "empty": lines - len(nonempty), "long": int((~keep).sum()), "refs": refs}
+    return {
+        "src": src.astype(dtype),
+        "src_lens": src_lens,
+        "tgt": tgt.astype(dtype),
+        "tgt_lens": tgt_lens,
+        "lines": lines,
+        "empty": lines - len(nonempty),
+        "long": int((~keep).sum()),
+        "refs": refs,
+    }
 
 
 def encode_documents(task: tuple[Block, str, bool, str]) -> dict[str, Any]:
@@ -429,15 +446,27 @@ def encode_documents(task: tuple[Block, str, bool, str]) -> dict[str, Any]:
         if length:
             kept_starts.append(carry)
             carry = False
-    return {"tokens": flat.astype(dtype), "lengths": lengths[lengths > 0], "starts": np.array(kept_starts, bool),
-            "trailing": carry or boundary, "lines": len(lines)}
+    return {
+        "tokens": flat.astype(dtype),
+        "lengths": lengths[lengths > 0],
+        "starts": np.array(kept_starts, bool),
+        "trailing": carry or boundary,
+        "lines": len(lines),
+    }
 
 
 # ----------------------------------------------------------------------------- documents (BERT)
 
 
-def preprocess_documents(folder: Path, splits: dict[str, LineIndex], vocab: Any, fmt: str, split: bool,
-                         quiet: bool, workers: int | None = None) -> dict[str, dict[str, Any]]:
+def preprocess_documents(
+    folder: Path,
+    splits: dict[str, LineIndex],
+    vocab: Any,
+    fmt: str,
+    split: bool,
+    quiet: bool,
+    workers: int | None = None,
+) -> dict[str, dict[str, Any]]:
     """Tokenise BERT text files into `folder`: {split}.text.bin/.idx (sentences) and {split}.docs (where the
     documents start); returns each split's counts and file sizes for the manifest. Worker processes read and
     tokenise the blocks of `splits` (from `index_lines`), in order."""
@@ -466,9 +495,11 @@ def preprocess_documents(folder: Path, splits: dict[str, LineIndex], vocab: Any,
             check_document_counts(len(docs) - 1, int(np.diff(docs).max(initial=0)), str(index.path), fmt)
             (folder / f"{name}.docs").write_bytes(docs.tobytes())
             names = [*writer.names, f"{name}.docs"]
-            out[name] = {"counts": {"lines": lines, "documents": len(docs) - 1, "sentences": writer.count},
-                         "tokens": {"text": writer.total},
-                         "files": {n: (folder / n).stat().st_size for n in names}}
+            out[name] = {
+                "counts": {"lines": lines, "documents": len(docs) - 1, "sentences": writer.count},
+                "tokens": {"text": writer.total},
+                "files": {n: (folder / n).stat().st_size for n in names},
+            }
     return out
 
 

@@ -69,8 +69,9 @@ class LineReader:
     and no \n. It holds at most one block's lines, so a file of any length is read in bounded memory.
     """
 
-    def __init__(self, stream: BinaryIO, name: str, block_size: int = 1 << 16, decide_bytes: int = 1 << 16,
-                 owned: bool = False):
+    def __init__(
+        self, stream: BinaryIO, name: str, block_size: int = 1 << 16, decide_bytes: int = 1 << 16, owned: bool = False
+    ):
         self.name = name
         self._stream, self._owned = stream, owned  # owned: closed on leaving a `with` block
         self.lines_read = 0  # lines decoded so far: the next error's line numbers count from here
@@ -175,8 +176,9 @@ class LineReader:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
-            self._error = invalid_utf8(self.name, self.lines_read + data.count(self._sep, 0, e.start) + 1,
-                                       data[e.start])
+            self._error = invalid_utf8(
+                self.name, self.lines_read + data.count(self._sep, 0, e.start) + 1, data[e.start]
+            )
             good = data.rfind(self._sep, 0, e.start)  # the end of the last whole line before it
             if good >= 0:
                 self._decode(data[:good])
@@ -250,8 +252,14 @@ class LineIndex:
     def blocks(self) -> Iterator[Block]:
         for k in range(len(self.starts) - 1):
             first = k * self.block
-            yield Block(self.path, self.sep, first, min(self.block, self.lines - first), int(self.starts[k]),
-                        int(self.starts[k + 1]))
+            yield Block(
+                self.path,
+                self.sep,
+                first,
+                min(self.block, self.lines - first),
+                int(self.starts[k]),
+                int(self.starts[k + 1]),
+            )
 
 
 @dataclass(frozen=True)
@@ -339,8 +347,28 @@ def read_block(block: Block) -> list[str]:
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
-_ABBREVIATIONS = {"mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "vs.", "etc.", "e.g.", "i.e.", "jr.", "sr.", "no.",
-                  "fig.", "inc.", "ltd.", "co.", "u.s.", "a.m.", "p.m."}
+_ABBREVIATIONS = {
+    "mr.",
+    "mrs.",
+    "ms.",
+    "dr.",
+    "prof.",
+    "st.",
+    "vs.",
+    "etc.",
+    "e.g.",
+    "i.e.",
+    "jr.",
+    "sr.",
+    "no.",
+    "fig.",
+    "inc.",
+    "ltd.",
+    "co.",
+    "u.s.",
+    "a.m.",
+    "p.m.",
+}
 
 
 def split_sentences(paragraph: str) -> list[str]:
@@ -374,10 +402,15 @@ def check_document_counts(documents: int, longest: int, name: str, fmt: str = "t
     if not documents:
         raise UserError(f"{name} holds no text: BERT pretraining needs documents separated by blank lines")
     if documents < 2:
-        how = ("no ' = Title = ' line starts a second document; plain text with blank lines between documents "
-               "needs data.format: text" if fmt == "wikitext"
-               else "separate documents with a blank line, or use data.format: wikitext for WikiText files")
+        how = (
+            "no ' = Title = ' line starts a second document; plain text with blank lines between documents "
+            "needs data.format: text"
+            if fmt == "wikitext"
+            else "separate documents with a blank line, or use data.format: wikitext for WikiText files"
+        )
         raise UserError(f"{name} holds a single document; next sentence prediction needs at least two ({how})")
     if longest < 2:
-        raise UserError(f"{name}: no document has two sentences, so there is no real next sentence "
-                        "(one sentence per line, or set data.split_sentences: true)")
+        raise UserError(
+            f"{name}: no document has two sentences, so there is no real next sentence "
+            "(one sentence per line, or set data.split_sentences: true)"
+        )

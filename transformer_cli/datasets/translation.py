@@ -68,8 +68,14 @@ class ParallelData:
         return [lines[i] for i in self.reference_rows]
 
 
-def encode_parallel(src_lines: list[str], tgt_lines: list[str], src_vocab: Vocab, tgt_vocab: Vocab,
-                    max_len: int | None = None, split: str = "the data") -> ParallelData:
+def encode_parallel(
+    src_lines: list[str],
+    tgt_lines: list[str],
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    max_len: int | None = None,
+    split: str = "the data",
+) -> ParallelData:
     """Tokenise; drop pairs with an empty side, and (when max_len is set) pairs with a side over max_len."""
     keep = [i for i, (s, t) in enumerate(zip(src_lines, tgt_lines)) if s.strip() and t.strip()]
     dropped_empty = len(src_lines) - len(keep)
@@ -118,12 +124,22 @@ class BatchPlan:
         return (self[j] for j in range(len(self)))
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, BatchPlan) and np.array_equal(self.order, other.order)
-                and np.array_equal(self.bounds, other.bounds))
+        return (
+            isinstance(other, BatchPlan)
+            and np.array_equal(self.order, other.order)
+            and np.array_equal(self.bounds, other.bounds)
+        )
 
 
-def token_batches(src_lens: Sequence[int] | np.ndarray, tgt_lens: Sequence[int] | np.ndarray, max_tokens: int,
-                  seed: int, epoch: int, shuffle: bool = True, multiple: int = 1) -> BatchPlan:
+def token_batches(
+    src_lens: Sequence[int] | np.ndarray,
+    tgt_lens: Sequence[int] | np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    multiple: int = 1,
+) -> BatchPlan:
     """Group sentence indices into batches of at most `max_tokens` padded tokens per side.
 
     A sentence pair's width is its longer side plus EOS (source) or BOS/EOS (target), padded up to a multiple
@@ -208,23 +224,34 @@ class Batch:
         src, tgt_in, labels = self.src[rank::world], self.tgt_in[rank::world], self.labels[rank::world]
         if src.size(0) == 0:
             return None
-        return Batch(src, tgt_in, labels, tokens=int(labels.ne(PAD).sum()),
-                     src_tokens=int(src.ne(PAD).sum()))
+        return Batch(src, tgt_in, labels, tokens=int(labels.ne(PAD).sum()), src_tokens=int(src.ne(PAD).sum()))
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
-        return Batch(self.src.to(device, non_blocking=nb), self.tgt_in.to(device, non_blocking=nb),
-                     self.labels.to(device, non_blocking=nb), self.tokens, self.src_tokens)
+        return Batch(
+            self.src.to(device, non_blocking=nb),
+            self.tgt_in.to(device, non_blocking=nb),
+            self.labels.to(device, non_blocking=nb),
+            self.tokens,
+            self.src_tokens,
+        )
 
 
-def pad_sequences(seqs: list[list[int]], pad_id: int, prefix: int | None = None, suffix: int | None = None,
-                  multiple: int = 1) -> Tensor:
+def pad_sequences(
+    seqs: list[list[int]], pad_id: int, prefix: int | None = None, suffix: int | None = None, multiple: int = 1
+) -> Tensor:
     """Right-padded (B, width) tensor of `[prefix] seq [suffix]`, width rounded up to a multiple of `multiple`."""
     return padded(*flatten(seqs), pad_id, prefix, suffix, multiple)
 
 
-def padded(flat: np.ndarray, lengths: np.ndarray, pad_id: int, prefix: int | None = None, suffix: int | None = None,
-           multiple: int = 1) -> Tensor:
+def padded(
+    flat: np.ndarray,
+    lengths: np.ndarray,
+    pad_id: int,
+    prefix: int | None = None,
+    suffix: int | None = None,
+    multiple: int = 1,
+) -> Tensor:
     """(B, width) long tensor of `[prefix] seq [suffix]` per row, right-padded; the B sequences come
     concatenated in `flat` with their `lengths`. Vectorised: one scatter for all rows."""
     B, first = len(lengths), int(prefix is not None)
@@ -242,8 +269,16 @@ def padded(flat: np.ndarray, lengths: np.ndarray, pad_id: int, prefix: int | Non
     return torch.from_numpy(out)
 
 
-def make_batch(src: np.ndarray, src_lens: np.ndarray, tgt: np.ndarray, tgt_lens: np.ndarray, pad_id: int,
-               bos_id: int, eos_id: int, multiple: int = 1) -> Batch:
+def make_batch(
+    src: np.ndarray,
+    src_lens: np.ndarray,
+    tgt: np.ndarray,
+    tgt_lens: np.ndarray,
+    pad_id: int,
+    bos_id: int,
+    eos_id: int,
+    multiple: int = 1,
+) -> Batch:
     """The padded tensors of B pairs given as flat ids and lengths. Widths are rounded up to a multiple of
     `multiple`: on CPU, every new tensor shape costs kernel setup and leaves the allocator fragmented (memory
     grows over a run), so a few shapes that repeat are worth a little padding."""
@@ -256,8 +291,9 @@ def make_batch(src: np.ndarray, src_lens: np.ndarray, tgt: np.ndarray, tgt_lens:
     )
 
 
-def collate(data: ParallelData, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int,
-            multiple: int = 1) -> Batch:
+def collate(
+    data: ParallelData, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int, multiple: int = 1
+) -> Batch:
     """The batch of the pairs `indices` of in-memory data."""
     src = flatten([data.src[i] for i in indices])
     tgt = flatten([data.tgt[i] for i in indices])
@@ -289,8 +325,10 @@ class ShardedPairs:
             flat, lengths = array.gather(keep)
             sides.append([ids.tolist() for ids in np.split(flat, np.cumsum(lengths)[:-1])] if len(keep) else [])
         data = ParallelData(*sides, [], [])
-        data.references_file, data.reference_rows = self.src.path.with_name(
-            self.src.path.name.replace(".src.bin", ".ref")), keep
+        data.references_file, data.reference_rows = (
+            self.src.path.with_name(self.src.path.name.replace(".src.bin", ".ref")),
+            keep,
+        )
         return data
 
 
@@ -309,22 +347,30 @@ class SplitFiles:
     references: bool
 
 
-def index_pair(src_path: Path, tgt_path: Path, block: int = shards.BLOCK_LINES,
-               also: Any = None) -> tuple[LineIndex, LineIndex]:
+def index_pair(
+    src_path: Path, tgt_path: Path, block: int = shards.BLOCK_LINES, also: Any = None
+) -> tuple[LineIndex, LineIndex]:
     """Both files of a split indexed in blocks of lines (one read of each: UTF-8 checked, lines counted); a
     line-count mismatch names both files and both counts. `also`: a hashlib object fed both files' bytes."""
     src, tgt = index_lines(src_path, block, also=also), index_lines(tgt_path, block, also=also)
     if src.lines != tgt.lines:
-        raise UserError(f"line counts differ: {src_path} has {src.lines} lines, {tgt_path} has {tgt.lines}; "
-                        "the files must be aligned line by line")
+        raise UserError(
+            f"line counts differ: {src_path} has {src.lines} lines, {tgt_path} has {tgt.lines}; "
+            "the files must be aligned line by line"
+        )
     if not src.lines:
         raise UserError(f"{src_path} and {tgt_path} are empty")
     return src, tgt
 
 
-def preprocess_parallel(folder: Path, splits: list[SplitFiles], vocabs: tuple[Vocab, Vocab], quiet: bool,
-                        workers: int | None = None,
-                        indexes: dict[str, tuple[LineIndex, LineIndex]] | None = None) -> dict[str, dict[str, Any]]:
+def preprocess_parallel(
+    folder: Path,
+    splits: list[SplitFiles],
+    vocabs: tuple[Vocab, Vocab],
+    quiet: bool,
+    workers: int | None = None,
+    indexes: dict[str, tuple[LineIndex, LineIndex]] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Tokenise every split into `folder` ({split}.src/.tgt arrays, {split}.ref text); returns each split's
     counts and file sizes for the manifest. Worker processes read and tokenise blocks of lines, in order;
     `indexes` (by split name, from `index_pair`) saves reading the files once more to find the blocks."""
@@ -359,8 +405,10 @@ def preprocess_parallel(folder: Path, splits: list[SplitFiles], vocabs: tuple[Vo
                     why += f", {counts['long']} have a side over {split.max_len} pieces (data.max_len)"
                 raise UserError(f"{split.name}: no sentence pairs left ({why}); check the {split.name} files")
             names = [n for w in writers.values() for n in w.names] + ([f"{split.name}.ref"] if refs else [])
-            out[split.name] = {"counts": {"lines": counts["lines"], "pairs": kept},
-                               "dropped": {"empty_side": counts["empty"], "too_long": counts["long"]},
-                               "tokens": {side: w.total for side, w in writers.items()},
-                               "files": {n: (folder / n).stat().st_size for n in names}}
+            out[split.name] = {
+                "counts": {"lines": counts["lines"], "pairs": kept},
+                "dropped": {"empty_side": counts["empty"], "too_long": counts["long"]},
+                "tokens": {side: w.total for side, w in writers.items()},
+                "files": {n: (folder / n).stat().st_size for n in names},
+            }
     return out

@@ -108,8 +108,10 @@ def last_step_checkpoints(run_dir: Path, n: int) -> list[Path]:
         raise UserError(f"--run {run_dir}: no checkpoints/ folder; pass a run directory written by tcli train")
     found = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_FILE.fullmatch(p.name)))
     if len(found) < n:
-        raise UserError(f"--last {n}: {folder} holds only {len(found)} step_<N>.pt checkpoint(s) "
-                        "(train.keep_last sets how many a run keeps)")
+        raise UserError(
+            f"--last {n}: {folder} holds only {len(found)} step_<N>.pt checkpoint(s) "
+            "(train.keep_last sets how many a run keeps)"
+        )
     return [p for _, p in found[-n:]]
 
 

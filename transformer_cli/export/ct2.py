@@ -32,17 +32,29 @@ from transformer_cli.vocab import Vocab
 QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float16")
 LAYER_NORM_EPS = 1e-5  # torch's nn.LayerNorm default, which tcli's translation model uses
 # What a CTranslate2 model folder holds: replaced by an export with --force.
-CT2_FILES = ("model.bin", "config.json", "shared_vocabulary.json", "shared_vocabulary.txt", "source_vocabulary.json",
-             "source_vocabulary.txt", "target_vocabulary.json", "target_vocabulary.txt", "vocabulary_map.json",
-             "sentencepiece.model", "source.model", "target.model")
+CT2_FILES = (
+    "model.bin",
+    "config.json",
+    "shared_vocabulary.json",
+    "shared_vocabulary.txt",
+    "source_vocabulary.json",
+    "source_vocabulary.txt",
+    "target_vocabulary.json",
+    "target_vocabulary.txt",
+    "vocabulary_map.json",
+    "sentencepiece.model",
+    "source.model",
+    "target.model",
+)
 
 
 def import_ctranslate2() -> Any:
     try:
         import ctranslate2
     except ImportError:
-        raise UserError("ctranslate2 is not installed; install it with: pip install -e \".[ct2]\" "
-                        "(or pip install \"ctranslate2>=4\")") from None
+        raise UserError(
+            'ctranslate2 is not installed; install it with: pip install -e ".[ct2]" (or pip install "ctranslate2>=4")'
+        ) from None
     return ctranslate2
 
 
@@ -90,8 +102,9 @@ def build_spec(model: torch.nn.Module, cfg: Any, src_vocab: Vocab, tgt_vocab: Vo
     from ctranslate2.specs import common_spec, transformer_spec
 
     activation = common_spec.Activation.GELU if cfg.activation == "gelu" else common_spec.Activation.RELU
-    spec = transformer_spec.TransformerSpec.from_config((cfg.enc_layers, cfg.dec_layers), cfg.heads,
-                                                         pre_norm=cfg.norm == "pre", activation=activation)
+    spec = transformer_spec.TransformerSpec.from_config(
+        (cfg.enc_layers, cfg.dec_layers), cfg.heads, pre_norm=cfg.norm == "pre", activation=activation
+    )
     w = model.state_dict()
     positions = _np(model.positions)  # (max_positions, d): the table itself
     enc, dec = spec.encoder, spec.decoder
@@ -121,8 +134,10 @@ def _pieces(vocab: Vocab) -> list[str]:
     expected = {0: "<pad>", 1: "<unk>", 2: "<s>", 3: "</s>"}
     wrong = [i for i, piece in expected.items() if pieces[i] != piece]
     if wrong:
-        raise UserError(f"the vocabulary holds {pieces[wrong[0]]!r} at id {wrong[0]}, not {expected[wrong[0]]!r}; "
-                        "it is not a tcli translation vocabulary")
+        raise UserError(
+            f"the vocabulary holds {pieces[wrong[0]]!r} at id {wrong[0]}, not {expected[wrong[0]]!r}; "
+            "it is not a tcli translation vocabulary"
+        )
     return pieces
 
 

@@ -25,8 +25,13 @@ SPACE = "▁"  # U+2581, sentencepiece's visible space
 # sentencepiece_model.proto: ModelProto.SentencePiece.Type and TrainerSpec.ModelType
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 UNIGRAM, BPE = 1, 2
-SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-            "mask_token": "[MASK]"}
+SPECIALS = {
+    "pad_token": "[PAD]",
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "mask_token": "[MASK]",
+}
 
 
 def model_proto(vocab: Vocab) -> Any:
@@ -52,15 +57,23 @@ def tokenizer_json(vocab: Vocab) -> dict[str, Any]:
         "normalizer": _normalizer(spec),
         "pre_tokenizer": prepend if spec.add_dummy_prefix else None,
         "post_processor": _template(ids["[CLS]"], ids["[SEP]"]),
-        "decoder": prepend if spec.add_dummy_prefix else {"type": "Replace", "pattern": {"String": SPACE},
-                                                          "content": " "},
+        "decoder": prepend
+        if spec.add_dummy_prefix
+        else {"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
         "model": _model(proto),
     }
 
 
 def _added(i: int, piece: str) -> dict[str, Any]:
-    return {"id": i, "content": piece, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": False, "special": True}
+    return {
+        "id": i,
+        "content": piece,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
 
 
 def _replace(pattern: str, content: str, regex: bool = False) -> dict[str, Any]:
@@ -70,8 +83,9 @@ def _replace(pattern: str, content: str, regex: bool = False) -> dict[str, Any]:
 def _normalizer(spec: Any) -> dict[str, Any]:
     steps = []
     if spec.precompiled_charsmap:
-        steps.append({"type": "Precompiled",
-                      "precompiled_charsmap": base64.b64encode(spec.precompiled_charsmap).decode("ascii")})
+        steps.append(
+            {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(spec.precompiled_charsmap).decode("ascii")}
+        )
     if spec.remove_extra_whitespaces:  # only spaces: sentencepiece leaves other whitespace alone
         steps += [_replace(r"\A +| +\z", "", regex=True), _replace(" {2,}", " ", regex=True)]
     if spec.escape_whitespaces:
@@ -93,8 +107,9 @@ def _template(cls_id: int, sep_id: int) -> dict[str, Any]:
         "type": "TemplateProcessing",
         "single": [special("[CLS]", 0), sequence("A", 0), special("[SEP]", 0)],
         "pair": [special("[CLS]", 0), sequence("A", 0), special("[SEP]", 0), sequence("B", 1), special("[SEP]", 1)],
-        "special_tokens": {piece: {"id": piece, "ids": [i], "tokens": [piece]}
-                           for piece, i in (("[CLS]", cls_id), ("[SEP]", sep_id))},
+        "special_tokens": {
+            piece: {"id": piece, "ids": [i], "tokens": [piece]} for piece, i in (("[CLS]", cls_id), ("[SEP]", sep_id))
+        },
     }
 
 
@@ -103,13 +118,25 @@ def _model(proto: Any) -> dict[str, Any]:
     unk_id = proto.trainer_spec.unk_id
     byte_fallback = bool(proto.trainer_spec.byte_fallback)
     if proto.trainer_spec.model_type == UNIGRAM:
-        return {"type": "Unigram", "unk_id": unk_id, "vocab": [[piece, score] for piece, score, _ in pieces],
-                "byte_fallback": byte_fallback}
+        return {
+            "type": "Unigram",
+            "unk_id": unk_id,
+            "vocab": [[piece, score] for piece, score, _ in pieces],
+            "byte_fallback": byte_fallback,
+        }
     if proto.trainer_spec.model_type == BPE:
-        return {"type": "BPE", "dropout": None, "unk_token": pieces[unk_id][0], "continuing_subword_prefix": None,
-                "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": byte_fallback,
-                "ignore_merges": False, "vocab": {piece: i for i, (piece, _, _) in enumerate(pieces)},
-                "merges": bpe_merges(pieces)}
+        return {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": pieces[unk_id][0],
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": True,
+            "byte_fallback": byte_fallback,
+            "ignore_merges": False,
+            "vocab": {piece: i for i, (piece, _, _) in enumerate(pieces)},
+            "merges": bpe_merges(pieces),
+        }
     raise ValueError(f"sentencepiece model type {proto.trainer_spec.model_type} has no HF equivalent here")
 
 

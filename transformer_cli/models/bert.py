@@ -32,8 +32,9 @@ class BertLoss:
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, vocab_size: int, d_model: int, max_positions: int, segments: int, dropout: float,
-                 pad_id: int, eps: float):
+    def __init__(
+        self, vocab_size: int, d_model: int, max_positions: int, segments: int, dropout: float, pad_id: int, eps: float
+    ):
         super().__init__()
         self.token = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
         self.position = nn.Embedding(max_positions, d_model)
@@ -95,8 +96,9 @@ class Bert(nn.Module):
         h = self.mlm_norm(F.gelu(self.mlm_dense(hidden)))
         return F.linear(h, self.embeddings.token.weight, self.mlm_bias)
 
-    def forward(self, input_ids: Tensor, segment_ids: Tensor, mlm_labels: Tensor | None = None,
-                nsp_labels: Tensor | None = None) -> tuple[Tensor, Tensor] | BertLoss:
+    def forward(
+        self, input_ids: Tensor, segment_ids: Tensor, mlm_labels: Tensor | None = None, nsp_labels: Tensor | None = None
+    ) -> tuple[Tensor, Tensor] | BertLoss:
         """Without labels: MLM logits (B, T, V) and NSP logits (B, 2). With labels: summed losses.
 
         mlm_labels (B, T) holds the original token at masked positions and IGNORE elsewhere.

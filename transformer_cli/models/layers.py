@@ -143,8 +143,9 @@ class MultiHeadAttention(nn.Module):
         x = x.view(B, T, n, self.heads, self.d_k).permute(2, 0, 3, 1, 4)  # (n, B, H, T, d_k)
         return x.unbind(0)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None, causal: bool,
-                step: bool = False) -> Tensor:
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None, causal: bool, step: bool = False
+    ) -> Tensor:
         # SDPA takes a bool mask with True = "may attend": (B, 1, 1, S) broadcasts over heads and queries.
         mask = None if pad_mask is None else ~pad_mask[:, None, None, :]
         if step:
@@ -181,8 +182,9 @@ class MultiHeadAttention(nn.Module):
         k, v = self._split_heads(self.kv_proj(memory), 2)
         return k, v
 
-    def cross_forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], pad_mask: Tensor,
-                      step: bool = False) -> Tensor:
+    def cross_forward(
+        self, x: Tensor, memory_kv: tuple[Tensor, Tensor], pad_mask: Tensor, step: bool = False
+    ) -> Tensor:
         """Cross-attention of x (N, T, d) over the keys/values of B = N / r sentences.
 
         In beam search N = B * beams: the r rows of a sentence become r * T queries against that
@@ -227,8 +229,17 @@ class SublayerConnection(nn.Module):
 class EncoderBlock(nn.Module):
     """Self-attention -> Add&Norm -> FFN -> Add&Norm."""
 
-    def __init__(self, d_model: int, heads: int, ffn_dim: int, dropout: float, attention_dropout: float,
-                 activation: str, norm_first: bool, eps: float = 1e-5):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        ffn_dim: int,
+        dropout: float,
+        attention_dropout: float,
+        activation: str,
+        norm_first: bool,
+        eps: float = 1e-5,
+    ):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
         self.ffn = FeedForward(d_model, ffn_dim, activation)
@@ -243,8 +254,16 @@ class EncoderBlock(nn.Module):
 class DecoderBlock(nn.Module):
     """Masked self-attention, encoder-decoder cross-attention, FFN; each followed by Add&Norm."""
 
-    def __init__(self, d_model: int, heads: int, ffn_dim: int, dropout: float, attention_dropout: float,
-                 activation: str, norm_first: bool):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        ffn_dim: int,
+        dropout: float,
+        attention_dropout: float,
+        activation: str,
+        norm_first: bool,
+    ):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
         self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, cross=True)
@@ -253,8 +272,9 @@ class DecoderBlock(nn.Module):
         self.cross_sub = SublayerConnection(d_model, dropout, norm_first)
         self.ffn_sub = SublayerConnection(d_model, dropout, norm_first)
 
-    def forward(self, y: Tensor, memory_kv: tuple[Tensor, Tensor], src_pad_mask: Tensor,
-                cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self, y: Tensor, memory_kv: tuple[Tensor, Tensor], src_pad_mask: Tensor, cache: KVCache | None = None
+    ) -> Tensor:
         # Target padding sits after the real tokens, so the causal mask alone keeps real positions
         # from seeing it; no separate target padding mask is needed.
         y = self.self_sub(y, lambda h: self.self_attn(h, causal=True, cache=cache))

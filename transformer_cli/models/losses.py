@@ -65,8 +65,10 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         # d loss / d logits = softmax - (1 - eps) * onehot(target) - eps / V, on valid rows.
         probs, target, valid = ctx.saved_tensors
         if getattr(ctx, "consumed", False):
-            raise RuntimeError("smoothed_cross_entropy: backward turns the saved softmax into the gradient in place, "
-                               "so it runs once per forward (retain_graph is not supported)")
+            raise RuntimeError(
+                "smoothed_cross_entropy: backward turns the saved softmax into the gradient in place, "
+                "so it runs once per forward (retain_graph is not supported)"
+            )
         ctx.consumed = True
         eps = ctx.epsilon
         M, V = probs.shape

@@ -69,12 +69,20 @@ class Transformer(nn.Module):
             raise ValueError("shared embeddings need one vocabulary for source and target")
         self.d_model, self.heads, self.pad_id = d_model, heads, pad_id
         self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=pad_id)
-        self.tgt_embed = (self.src_embed if share_embeddings
-                          else nn.Embedding(tgt_vocab_size, d_model, padding_idx=pad_id))
+        self.tgt_embed = (
+            self.src_embed if share_embeddings else nn.Embedding(tgt_vocab_size, d_model, padding_idx=pad_id)
+        )
         self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
         self.dropout = Dropout(dropout)
-        block = dict(d_model=d_model, heads=heads, ffn_dim=ffn_dim, dropout=dropout,
-                     attention_dropout=attention_dropout, activation=activation, norm_first=norm_first)
+        block = dict(
+            d_model=d_model,
+            heads=heads,
+            ffn_dim=ffn_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation=activation,
+            norm_first=norm_first,
+        )
         self.encoder = nn.ModuleList(EncoderBlock(**block) for _ in range(enc_layers))
         self.decoder = nn.ModuleList(DecoderBlock(**block) for _ in range(dec_layers))
         # Pre-norm leaves the residual stream un-normalised: one LayerNorm closes each stack.
@@ -121,8 +129,9 @@ class Transformer(nn.Module):
             y = block(y, kv, src_pad_mask)
         return self.dec_norm(y)
 
-    def forward(self, src: Tensor, tgt_in: Tensor, labels: Tensor | None = None,
-                label_smoothing: float = 0.0) -> Tensor | LossOutput:
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, labels: Tensor | None = None, label_smoothing: float = 0.0
+    ) -> Tensor | LossOutput:
         """Logits (B, T, V); or, given labels (B, T), the summed loss over non-padding positions."""
         memory, src_pad_mask = self.encode(src)
         hidden = self.decode(tgt_in, memory, src_pad_mask)

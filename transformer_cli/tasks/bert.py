@@ -49,8 +49,9 @@ class BertTask:
         self.doc_starts = document_starts(data.folder, "train")
         # The chunks NSP samples are cut from: computed once, cached beside the arrays when that folder is writable.
         cache = data.folder if os.access(data.folder, os.W_OK) else None
-        self.sample_map = sample_map_cached(cache, self.train.offsets, self.doc_starts, d.max_seq_len,
-                                            d.short_seq_prob, cfg.train.seed)
+        self.sample_map = sample_map_cached(
+            cache, self.train.offsets, self.doc_starts, d.max_seq_len, d.short_seq_prob, cfg.train.seed
+        )
         self._plan: tuple[int, EpochPlan] | None = None
         valid = data.array("valid", "text")
         starts = document_starts(data.folder, "valid").tolist()
@@ -64,8 +65,15 @@ class BertTask:
         """The epoch's NSP pairs and batch order, drawn for all samples at once; the same number every epoch."""
         if self._plan is None or self._plan[0] != epoch:
             d = self.cfg.data
-            plan = plan_epoch(self.sample_map, self.train.offsets, self.doc_starts, d.max_seq_len,
-                              self.cfg.train.batch_size, self.cfg.train.seed, epoch)
+            plan = plan_epoch(
+                self.sample_map,
+                self.train.offsets,
+                self.doc_starts,
+                d.max_seq_len,
+                self.cfg.train.batch_size,
+                self.cfg.train.seed,
+                epoch,
+            )
             self.train.release()  # planning read the whole index through its mapping
             self._plan = (epoch, plan)
         return self._plan[1]
@@ -74,36 +82,67 @@ class BertTask:
         plan = self.epoch_batches(epoch)
         generator = torch.Generator().manual_seed(self._seed(2, epoch, spec.number))
         d = self.cfg.data
-        batch = make_plan_batch(plan, spec, self.train.spans, self.train.offsets, self.ids, d.mask_prob,
-                                d.max_predictions, generator, multiple=self.cfg.train.pad_to_multiple)
+        batch = make_plan_batch(
+            plan,
+            spec,
+            self.train.spans,
+            self.train.offsets,
+            self.ids,
+            d.mask_prob,
+            d.max_predictions,
+            generator,
+            multiple=self.cfg.train.pad_to_multiple,
+        )
         self.train.release()  # the index pages this batch mapped (its tokens were read with pread)
         return batch
 
     def step_loss(self, model: nn.Module, batch: BertBatch, norms: dict[str, int]) -> tuple[Tensor, dict]:
         out = model(batch.input_ids, batch.segment_ids, batch.mlm_labels, batch.nsp_labels)
         objective = out.mlm_loss / norms["mlm"] + out.nsp_loss / norms["nsp"]
-        return objective, {"mlm_loss": (out.mlm_loss.detach(), batch.masked),
-                           "nsp_loss": (out.nsp_loss.detach(), batch.rows)}
+        return objective, {
+            "mlm_loss": (out.mlm_loss.detach(), batch.masked),
+            "nsp_loss": (out.nsp_loss.detach(), batch.rows),
+        }
 
     def summarize(self, averages: dict[str, float]) -> dict[str, float]:
-        return {"loss": averages["mlm_loss"] + averages["nsp_loss"], "mlm_loss": averages["mlm_loss"],
-                "nsp_loss": averages["nsp_loss"]}
+        return {
+            "loss": averages["mlm_loss"] + averages["nsp_loss"],
+            "mlm_loss": averages["mlm_loss"],
+            "nsp_loss": averages["nsp_loss"],
+        }
 
     def evaluate(self, model: nn.Module, runtime: Runtime) -> dict[str, float]:
         """MLM loss and accuracy at the masked positions, NSP accuracy, perplexity = exp(MLM loss)."""
-        return bert_validation(model, self.valid, self.ids, self.cfg.train.seed, self.cfg.train.batch_size,
-                               self.cfg.data.mask_prob, self.cfg.data.max_predictions, runtime.device,
-                               runtime.context)
+        return bert_validation(
+            model,
+            self.valid,
+            self.ids,
+            self.cfg.train.seed,
+            self.cfg.train.batch_size,
+            self.cfg.data.mask_prob,
+            self.cfg.data.max_predictions,
+            runtime.device,
+            runtime.context,
+        )
 
     def final_report(self, ckpt_dir: Path, runtime: Runtime) -> list[dict[str, Any]]:
         return []  # BERT has no test split: its held-out text is the validation file
 
     def checkpoint_meta(self) -> dict[str, Any]:
-        return {"config": self.cfg.model_dump(mode="json"), "vocab": {"bert": self.vocab.model_bytes},
-                "data_fingerprint": self.data_fingerprint}
+        return {
+            "config": self.cfg.model_dump(mode="json"),
+            "vocab": {"bert": self.vocab.model_bytes},
+            "data_fingerprint": self.data_fingerprint,
+        }
 
 
-def pretrain_bert(cfg: BertRunConfig, run_dir: Path, device: str = "auto", resume: bool = False,
-                  quiet: bool = False, init_from_hf: Path | None = None) -> dict[str, Any]:
+def pretrain_bert(
+    cfg: BertRunConfig,
+    run_dir: Path,
+    device: str = "auto",
+    resume: bool = False,
+    quiet: bool = False,
+    init_from_hf: Path | None = None,
+) -> dict[str, Any]:
     """`tcli pretrain-bert`: text -> vocabulary -> NSP/MLM instances -> trained BERT; returns the end event."""
     return run_training(BertSetup(cfg, init_from_hf), cfg, run_dir, device, resume, quiet)

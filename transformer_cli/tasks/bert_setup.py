@@ -33,9 +33,19 @@ if TYPE_CHECKING:
 
 def train_bert_vocab(sentences: list[str], cfg: BertRunConfig, source: str = "the training text") -> Vocab:
     v = cfg.vocab
-    return train_vocab(sentences, v.size, v.type, v.character_coverage, v.max_sentences, cfg.train.seed,
-                       pad_piece="[PAD]", unk_piece="[UNK]", control_symbols=("[CLS]", "[SEP]", "[MASK]"),
-                       bos_eos=False, source=source)
+    return train_vocab(
+        sentences,
+        v.size,
+        v.type,
+        v.character_coverage,
+        v.max_sentences,
+        cfg.train.seed,
+        pad_piece="[PAD]",
+        unk_piece="[UNK]",
+        control_symbols=("[CLS]", "[SEP]", "[MASK]"),
+        bos_eos=False,
+        source=source,
+    )
 
 
 class BertSetup(SetupBase):
@@ -81,8 +91,9 @@ class BertSetup(SetupBase):
     def data_fingerprint(self) -> str:
         if self._fingerprint is None:
             manifest = self.preprocessed()
-            self._fingerprint = (manifest.data["data_fingerprint"] if manifest is not None
-                                 else fingerprint([self.paths["train"]]))
+            self._fingerprint = (
+                manifest.data["data_fingerprint"] if manifest is not None else fingerprint([self.paths["train"]])
+            )
         return self._fingerprint
 
     def count_parameters(self) -> tuple[int, int]:
@@ -107,10 +118,14 @@ class BertSetup(SetupBase):
         elif self.given_vocab is not None:
             vocab = self.given_vocab
         else:
-            say(quiet, f"training the sentencepiece vocabulary ({v.type}, up to {v.size} pieces, on at most "
-                       f"{v.max_sentences:,} sentences)")
-            sample = reservoir(document_sentences(self.paths["train"], self.cfg.data), v.max_sentences,
-                               self.cfg.train.seed)
+            say(
+                quiet,
+                f"training the sentencepiece vocabulary ({v.type}, up to {v.size} pieces, on at most "
+                f"{v.max_sentences:,} sentences)",
+            )
+            sample = reservoir(
+                document_sentences(self.paths["train"], self.cfg.data), v.max_sentences, self.cfg.train.seed
+            )
             return [train_bert_vocab(sample, self.cfg, source=str(self.paths["train"]))]
         source = f"vocab.model {v.model}" if manifest is None and self.hf_vocab is None else str(self.paths["train"])
         check_bert_vocab(vocab, source)

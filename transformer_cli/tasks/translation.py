@@ -30,8 +30,16 @@ class TranslationTask:
     kind = "translation"
     throughput_key = "tgt_tokens_per_sec"
 
-    def __init__(self, cfg: TranslationRunConfig, vocabs: tuple[Vocab, Vocab], train: ShardedPairs,
-                 valid: ParallelData, test: ParallelData | None, model: nn.Module, data_fingerprint: str):
+    def __init__(
+        self,
+        cfg: TranslationRunConfig,
+        vocabs: tuple[Vocab, Vocab],
+        train: ShardedPairs,
+        valid: ParallelData,
+        test: ParallelData | None,
+        model: nn.Module,
+        data_fingerprint: str,
+    ):
         self.cfg, self.vocabs, self.model = cfg, vocabs, model
         self.train, self.valid, self.test = train, valid, test
         self.data_fingerprint = data_fingerprint
@@ -39,8 +47,9 @@ class TranslationTask:
 
     def epoch_batches(self, epoch: int) -> BatchPlan:
         t = self.cfg.train
-        return token_batches(self.train.src_lens, self.train.tgt_lens, t.max_tokens, t.seed, epoch,
-                             multiple=t.pad_to_multiple)
+        return token_batches(
+            self.train.src_lens, self.train.tgt_lens, t.max_tokens, t.seed, epoch, multiple=t.pad_to_multiple
+        )
 
     def make_batch(self, spec: np.ndarray, epoch: int) -> Batch:
         return self.train.batch(spec, multiple=self.cfg.train.pad_to_multiple)
@@ -54,9 +63,15 @@ class TranslationTask:
 
     def evaluate(self, model: nn.Module, runtime: Runtime) -> dict[str, float]:
         """Validation NLL per target token, its perplexity, and BLEU of beam-search output."""
-        return translation_validation(model, self.valid, self.vocabs[1], self.cfg.train.max_tokens,
-                                      eval_decode_options(self.cfg.eval) if self.cfg.eval.bleu else None,
-                                      runtime.device, runtime.context)
+        return translation_validation(
+            model,
+            self.valid,
+            self.vocabs[1],
+            self.cfg.train.max_tokens,
+            eval_decode_options(self.cfg.eval) if self.cfg.eval.bleu else None,
+            runtime.device,
+            runtime.context,
+        )
 
     def translate(self, model: nn.Module, runtime: Runtime, data: ParallelData) -> list[str]:
         opts = eval_decode_options(self.cfg.eval)
@@ -76,8 +91,16 @@ class TranslationTask:
                 hyps = self.translate(self.model, runtime, self.test)
             scores = translation_scores(hyps, self.test.references())
             say(False, f"test ({self.cfg.data.test}, {name}): " + " | ".join(scores.lines()))
-            reports.append({"split": self.cfg.data.test, "checkpoint": name, "bleu": scores.bleu,
-                            "bleu_lc": scores.bleu_lc, "chrf": scores.chrf, "bleu_signature": scores.bleu_signature})
+            reports.append(
+                {
+                    "split": self.cfg.data.test,
+                    "checkpoint": name,
+                    "bleu": scores.bleu,
+                    "bleu_lc": scores.bleu_lc,
+                    "chrf": scores.chrf,
+                    "bleu_signature": scores.bleu_signature,
+                }
+            )
         return reports
 
     def checkpoint_meta(self) -> dict[str, Any]:
@@ -86,7 +109,8 @@ class TranslationTask:
         return {"config": self.cfg.model_dump(mode="json"), "vocab": vocab, "data_fingerprint": self.data_fingerprint}
 
 
-def train_translation(cfg: TranslationRunConfig, run_dir: Path, device: str = "auto", resume: bool = False,
-                      quiet: bool = False) -> dict[str, Any]:
+def train_translation(
+    cfg: TranslationRunConfig, run_dir: Path, device: str = "auto", resume: bool = False, quiet: bool = False
+) -> dict[str, Any]:
     """`tcli train`: everything from raw text to best.pt; returns the end event."""
     return run_training(TranslationSetup(cfg), cfg, run_dir, device, resume, quiet)

@@ -44,8 +44,15 @@ class TranslationSetup(SetupBase):
         non-empty pair (and their references)."""
         d = self.cfg.data
         names = [d.train, d.valid] + ([d.test] if d.test else [])
-        return [SplitFiles(name, *split_paths(d.dir, name, d.src_lang, d.tgt_lang), d.max_len if name == d.train
-                           else None, name != d.train) for name in dict.fromkeys(names)]
+        return [
+            SplitFiles(
+                name,
+                *split_paths(d.dir, name, d.src_lang, d.tgt_lang),
+                d.max_len if name == d.train else None,
+                name != d.train,
+            )
+            for name in dict.fromkeys(names)
+        ]
 
     def read_data(self) -> None:
         """Every file is read through once before anything is written: a missing file, invalid UTF-8 or
@@ -56,15 +63,23 @@ class TranslationSetup(SetupBase):
         if self.preprocessed() is not None:
             return
         train = hashlib.sha256()  # the data fingerprint (text.fingerprint of the training files), in the same read
-        self._indexes = {split.name: index_pair(split.src, split.tgt, also=train if split.name == self.cfg.data.train
-                                                else None) for split in self.split_files()}
+        self._indexes = {
+            split.name: index_pair(split.src, split.tgt, also=train if split.name == self.cfg.data.train else None)
+            for split in self.split_files()
+        }
         self._fingerprint = train.hexdigest()
         self._read = {i.path: {"size": i.size, "sha256": i.sha256} for pair in self._indexes.values() for i in pair}
 
     def data_settings(self) -> dict[str, Any]:
         d = self.cfg.data
-        return {"src_lang": d.src_lang, "tgt_lang": d.tgt_lang, "train": d.train, "valid": d.valid, "test": d.test,
-                "max_len": d.max_len}
+        return {
+            "src_lang": d.src_lang,
+            "tgt_lang": d.tgt_lang,
+            "train": d.train,
+            "valid": d.valid,
+            "test": d.test,
+            "max_len": d.max_len,
+        }
 
     def source_files(self) -> list[Path]:
         return [p for s in self.split_files() for p in (s.src, s.tgt)]
@@ -101,12 +116,24 @@ class TranslationSetup(SetupBase):
         corpora = [[train.src, train.tgt]] if v.joint else [[train.src], [train.tgt]]
         vocabs = []
         for name, paths in zip(self.vocab_files(), corpora):
-            say(quiet, f"training the {name} sentencepiece vocabulary ({v.type}, up to {v.size} pieces, on at most "
-                       f"{v.max_sentences:,} lines)")
+            say(
+                quiet,
+                f"training the {name} sentencepiece vocabulary ({v.type}, up to {v.size} pieces, on at most "
+                f"{v.max_sentences:,} lines)",
+            )
             lines = itertools.chain.from_iterable(lines_of(stream_lines(p)) for p in paths)
             sample = reservoir(lines, v.max_sentences, self.cfg.train.seed)
-            vocabs.append(train_vocab(sample, v.size, v.type, v.character_coverage, v.max_sentences,
-                                      self.cfg.train.seed, source=f"the {train.name} split"))
+            vocabs.append(
+                train_vocab(
+                    sample,
+                    v.size,
+                    v.type,
+                    v.character_coverage,
+                    v.max_sentences,
+                    self.cfg.train.seed,
+                    source=f"the {train.name} split",
+                )
+            )
         return vocabs
 
     def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Vocab]:
@@ -127,8 +154,12 @@ class TranslationSetup(SetupBase):
         train = ShardedPairs(data, d.train)
         valid = ShardedPairs(data, d.valid).load(max_len=cfg.model.max_positions - 2)
         test = ShardedPairs(data, d.test).load() if d.test else None
-        say(quiet, f"{d.train}: {len(train):,} pairs, {d.valid}: {len(valid):,}" + (f", {d.test}: {len(test):,}" if test
-                                                                                   else "") + f" ({data.folder})")
+        say(
+            quiet,
+            f"{d.train}: {len(train):,} pairs, {d.valid}: {len(valid):,}"
+            + (f", {d.test}: {len(test):,}" if test else "")
+            + f" ({data.folder})",
+        )
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
         model = build_transformer(cfg.model, len(pair[0]), len(pair[1]))

@@ -46,8 +46,9 @@ class Task(Protocol):
 
     def epoch_batches(self, epoch: int) -> list[Any]: ...  # the epoch's batch specs, from seed and epoch
     def make_batch(self, spec: Any, epoch: int) -> Any: ...  # spec -> batch with .counts, .throughput_tokens, .to()
-    def step_loss(self, model: nn.Module, batch: Any,
-                  norms: dict[str, int]) -> tuple[Tensor, dict[str, tuple[Tensor, int]]]: ...  # (objective, sums)
+    def step_loss(
+        self, model: nn.Module, batch: Any, norms: dict[str, int]
+    ) -> tuple[Tensor, dict[str, tuple[Tensor, int]]]: ...  # (objective, sums)
     def summarize(self, averages: dict[str, float]) -> dict[str, float]: ...  # train event fields
     def evaluate(self, model: nn.Module, runtime: Runtime) -> dict[str, float]: ...
     def checkpoint_meta(self) -> dict[str, Any]: ...
@@ -251,8 +252,9 @@ class Trainer:
             self._average_last(self.cfg.average_last)
         for test in task.final_report(self.ckpt_dir, self.runtime) if self.runtime.is_main else []:
             self.metrics.log("test", state.step, **test)
-        end = self.metrics.log("end", state.step, **{f"best_{task.best_metric}": state.best},
-                               wall_s=round(wall, 1), stop=reason)
+        end = self.metrics.log(
+            "end", state.step, **{f"best_{task.best_metric}": state.best}, wall_s=round(wall, 1), stop=reason
+        )
         self.metrics.close()
         self.runtime.barrier()
         say(self.quiet, f"done at step {state.step} ({reason}), best {task.best_metric} {state.best}, {wall:.0f}s")
@@ -293,8 +295,14 @@ class Trainer:
                     specs = task.epoch_batches(state.epoch)
                     if self.runtime.device.type == "cpu":
                         release_free_memory()  # planning the epoch made corpus-sized temporaries
-                    feeder = _Feeder(task, specs, state.batch_in_epoch, state.epoch, cfg.accum_steps,
-                                     background=self.runtime.device.type == "cuda")
+                    feeder = _Feeder(
+                        task,
+                        specs,
+                        state.batch_in_epoch,
+                        state.epoch,
+                        cfg.accum_steps,
+                        background=self.runtime.device.type == "cuda",
+                    )
                     while state.batch_in_epoch < len(specs) and reason is None:
                         t0 = time.perf_counter()
                         batches = feeder.next()
@@ -335,9 +343,11 @@ class Trainer:
             self._diverged(f"at steps {first}-{last} ({len(self.nonfinite_steps)} in a row)")
 
     def _diverged(self, where: str) -> None:
-        raise UserError(f"training diverged: the loss or gradients were NaN or infinite {where}; those updates "
-                        "were skipped and the checkpoints saved before are kept; lower train.lr, raise "
-                        "train.warmup_steps or check train.adam_eps / train.weight_decay, then start a new run")
+        raise UserError(
+            f"training diverged: the loss or gradients were NaN or infinite {where}; those updates "
+            "were skipped and the checkpoints saved before are kept; lower train.lr, raise "
+            "train.warmup_steps or check train.adam_eps / train.weight_decay, then start a new run"
+        )
 
     def _out_of_time(self) -> bool:
         limit = self.cfg.max_minutes
@@ -428,16 +438,20 @@ class Trainer:
             results = self.task.evaluate(self.model, self.runtime)
         self.model.train()
         state, task = self.state, self.task
-        self.metrics.log("eval", state.step, **results, eval_s=round(time.perf_counter() - t0, 2),
-                         wall_s=round(self.elapsed(), 1))
+        self.metrics.log(
+            "eval", state.step, **results, eval_s=round(time.perf_counter() - t0, 2), wall_s=round(self.elapsed(), 1)
+        )
         broken = [k for k, v in results.items() if isinstance(v, float) and not math.isfinite(v)]
         if broken:
-            raise UserError(f"training diverged: the validation {broken[0]} is NaN or infinite at step {state.step}; "
-                            "the checkpoints saved before are kept; lower train.lr or check train.weight_decay / "
-                            "train.adam_eps, then start a new run")
+            raise UserError(
+                f"training diverged: the validation {broken[0]} is NaN or infinite at step {state.step}; "
+                "the checkpoints saved before are kept; lower train.lr or check train.weight_decay / "
+                "train.adam_eps, then start a new run"
+            )
         value = results[task.best_metric]
         better = math.isfinite(value) and (
-            state.best is None or (value > state.best if task.best_mode == "max" else value < state.best))
+            state.best is None or (value > state.best if task.best_mode == "max" else value < state.best)
+        )
         if better:
             state.best, state.bad_evals = value, 0
         else:
@@ -457,19 +471,23 @@ class Trainer:
         train_state = self._state_dict()
         for name, tensor in self.model.state_dict().items():
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise UserError(f"training diverged: {name} became NaN or infinite by step {state.step}; nothing "
-                                "was saved for this step and the checkpoints saved before are kept; lower train.lr "
-                                "or check train.weight_decay / train.adam_eps, then start a new run")
-        data = serialize({
-            "tcli": {"kind": self.task.kind, "version": __version__},
-            **self.task.checkpoint_meta(),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "train_state": train_state,
-            "rng": rng,
-        })
+                raise UserError(
+                    f"training diverged: {name} became NaN or infinite by step {state.step}; nothing "
+                    "was saved for this step and the checkpoints saved before are kept; lower train.lr "
+                    "or check train.weight_decay / train.adam_eps, then start a new run"
+                )
+        data = serialize(
+            {
+                "tcli": {"kind": self.task.kind, "version": __version__},
+                **self.task.checkpoint_meta(),
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "train_state": train_state,
+                "rng": rng,
+            }
+        )
         if step_file and self.cfg.keep_last > 0:
             write_atomic(data, self.ckpt_dir / f"step_{state.step}.pt")
             steps = sorted(self.ckpt_dir.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
@@ -482,9 +500,15 @@ class Trainer:
 
     def _state_dict(self) -> dict[str, Any]:
         state = self.state
-        return {"step": state.step, "epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch,
-                "best": state.best, "bad_evals": state.bad_evals, "train_seconds": state.train_seconds,
-                "wall_seconds": self.elapsed()}
+        return {
+            "step": state.step,
+            "epoch": state.epoch,
+            "batch_in_epoch": state.batch_in_epoch,
+            "best": state.best,
+            "bad_evals": state.bad_evals,
+            "train_seconds": state.train_seconds,
+            "wall_seconds": self.elapsed(),
+        }
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
         self.model.load_state_dict(ckpt["model"])
@@ -510,13 +534,25 @@ class Trainer:
         tps = interval.tokens / interval.seconds if interval.seconds > 0 else 0.0
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm = float(interval.grad_norm) / max(interval.steps, 1)
-        self.metrics.log("train", self.state.step, epoch=self.state.epoch + 1, **fields, lr=lr, grad_norm=grad_norm,
-                         **{self.task.throughput_key: round(tps, 1)}, data_wait_s=round(interval.data_wait, 4),
-                         rss_mb=round(resident_mb(), 1))
+        self.metrics.log(
+            "train",
+            self.state.step,
+            epoch=self.state.epoch + 1,
+            **fields,
+            lr=lr,
+            grad_norm=grad_norm,
+            **{self.task.throughput_key: round(tps, 1)},
+            data_wait_s=round(interval.data_wait, 4),
+            rss_mb=round(resident_mb(), 1),
+        )
         bar.set_postfix_str(f"loss {fields['loss']:.3f}  lr {lr:.2e}  {tps:,.0f} tok/s", refresh=False)
         if bar.disable and not self.quiet:
-            print(f"step {self.state.step}  epoch {self.state.epoch + 1}  loss {fields['loss']:.4f}  lr {lr:.3g}  "
-                  f"grad_norm {grad_norm:.3f}  {tps:,.0f} tok/s", file=sys.stderr, flush=True)
+            print(
+                f"step {self.state.step}  epoch {self.state.epoch + 1}  loss {fields['loss']:.4f}  lr {lr:.3g}  "
+                f"grad_norm {grad_norm:.3f}  {tps:,.0f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def resident_mb() -> float:
@@ -539,6 +575,12 @@ def _as_random_state(value) -> tuple:
 def _progress(total: int, initial: int, quiet: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True,
-                disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
-
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc="train",
+        unit="step",
+        dynamic_ncols=True,
+        disable=quiet or not sys.stderr.isatty(),
+        file=sys.stderr,
+    )

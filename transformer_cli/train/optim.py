@@ -18,8 +18,9 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
             (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     # The fused kernel exists for CPU and CUDA and does the whole update in one pass over the parameters.
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
-                             fused=device.type in ("cpu", "cuda"))
+    return torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps, fused=device.type in ("cpu", "cuda")
+    )
 
 
 def lr_factor(step: int, schedule: str, warmup: int, total: int | None) -> float:

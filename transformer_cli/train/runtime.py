@@ -78,8 +78,10 @@ def pick_device(name: str) -> torch.device:
     except RuntimeError:
         raise UserError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise UserError(f"--device {name}: this machine has {_cuda_devices()} (cuda:0 to "
-                        f"cuda:{torch.cuda.device_count() - 1}); pick one of them, or auto")
+        raise UserError(
+            f"--device {name}: this machine has {_cuda_devices()} (cuda:0 to "
+            f"cuda:{torch.cuda.device_count() - 1}); pick one of them, or auto"
+        )
     return device
 
 
@@ -133,9 +135,11 @@ class Runtime:
 
         if dev.type == "cuda":
             if local_rank >= torch.cuda.device_count():  # one process per GPU; more would fail deep in CUDA
-                raise UserError(f"torchrun started local rank {local_rank} but this machine has {_cuda_devices()}: "
-                                f"use --nproc_per_node {torch.cuda.device_count()} (one process per GPU), "
-                                f"or --device cpu")
+                raise UserError(
+                    f"torchrun started local rank {local_rank} but this machine has {_cuda_devices()}: "
+                    f"use --nproc_per_node {torch.cuda.device_count()} (one process per GPU), "
+                    f"or --device cpu"
+                )
             dev = torch.device("cuda", local_rank)
             torch.cuda.set_device(dev)
         if not dist.is_initialized():
