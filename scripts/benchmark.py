@@ -297,7 +297,7 @@ def machine() -> dict:
     except OSError:
         pass
     cpu = model or platform.processor() or "CPU"
-    from transformer_cli.train.runtime import resolve_precision
+    from transformer_cli.runtime import resolve_precision
 
     isa = [flag for flag in ISA_FLAGS if flag in flags]
     return {

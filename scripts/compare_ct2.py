@@ -22,7 +22,7 @@ import torch
 from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.datasets.text import read_lines
 from transformer_cli.decode import DecodeOptions
-from transformer_cli.evaluate import bleu
+from transformer_cli.scores import bleu
 from transformer_cli.translate import Translator
 
 

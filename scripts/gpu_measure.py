@@ -238,7 +238,7 @@ def _fit_batch(
 def _train_setup(preset: str, overrides: list[str], vocab: int, device: torch.device, precision: str):
     """The run config of a count-params preset (with --set style overrides) and tcli's Runtime."""
     from transformer_cli.params import preset_config
-    from transformer_cli.train.runtime import Runtime
+    from transformer_cli.runtime import Runtime
 
     cfg = preset_config(preset, [f"vocab.size={vocab}", *overrides])
     runtime = Runtime.create(str(device), precision)

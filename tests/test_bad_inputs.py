@@ -224,8 +224,8 @@ def small_bert_data(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("kind", ["translation", "bert"])
 def test_every_numeric_key_fails_cleanly_or_runs_normally(tmp_path, kind):
-    from transformer_cli.tasks.bert import pretrain_bert
-    from transformer_cli.tasks.translation import train_translation
+    from transformer_cli.tasks.bert_setup import pretrain_bert
+    from transformer_cli.tasks.translation_setup import train_translation
 
     schema = TranslationRunConfig if kind == "translation" else BertRunConfig
     base = json.loads(json.dumps(TRANSLATION_BASE if kind == "translation" else BERT_BASE))

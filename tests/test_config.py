@@ -129,7 +129,7 @@ def test_config_is_frozen():
 def test_cuda_devices_that_do_not_exist_are_user_errors(monkeypatch):
     """cuda:N past the visible GPUs, and torchrun starting more processes on a machine than it has GPUs,
     end in one line that names the fix (not in an error deep inside CUDA)."""
-    from transformer_cli.train import runtime
+    from transformer_cli import runtime
 
     monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(runtime.torch.cuda, "device_count", lambda: 1)

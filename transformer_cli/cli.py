@@ -117,7 +117,7 @@ def train(
 ) -> None:
     """Train an encoder-decoder translation model."""
     from transformer_cli.config import TranslationRunConfig, load_config
-    from transformer_cli.tasks.translation import train_translation
+    from transformer_cli.tasks.translation_setup import train_translation
 
     cfg = load_config(TranslationRunConfig, config, set_)
     train_translation(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet)
@@ -224,7 +224,7 @@ def pretrain_bert(
 ) -> None:
     """Pretrain BERT (masked LM + next sentence prediction) on your own text."""
     from transformer_cli.config import BertRunConfig, load_config
-    from transformer_cli.tasks.bert import pretrain_bert as run
+    from transformer_cli.tasks.bert_setup import pretrain_bert as run
 
     cfg = load_config(BertRunConfig, config, set_)
     run(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet, init_from_hf=init_from_hf)

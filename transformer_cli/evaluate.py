@@ -1,10 +1,9 @@
-"""Scores: corpus BLEU and chrF through sacreBLEU (detokenised text, its own 13a tokenisation); `tcli evaluate`."""
+"""`tcli evaluate`: a checkpoint scored on a split or a file with the functions training validates with."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,43 +11,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from transformer_cli.checkpoint import Checkpoint
-    from transformer_cli.train.runtime import Runtime
-
-
-@dataclass
-class TranslationScores:
-    bleu: float
-    bleu_lc: float
-    chrf: float
-    bleu_signature: str
-    bleu_lc_signature: str
-    chrf_signature: str
-
-    def lines(self) -> list[str]:
-        return [
-            f"BLEU {self.bleu:.2f}  ({self.bleu_signature})",
-            f"BLEU lowercased {self.bleu_lc:.2f}  ({self.bleu_lc_signature})",
-            f"chrF {self.chrf:.2f}  ({self.chrf_signature})",
-        ]
-
-
-def bleu(hypotheses: list[str], references: list[str], lowercase: bool = False) -> tuple[float, str]:
-    """Corpus BLEU and its sacreBLEU signature."""
-    from sacrebleu.metrics import BLEU
-
-    metric = BLEU(lowercase=lowercase)
-    return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
-
-
-def translation_scores(hypotheses: list[str], references: list[str]) -> TranslationScores:
-    """Cased BLEU, lowercased BLEU and chrF of detokenised hypotheses against raw references."""
-    from sacrebleu.metrics import CHRF
-
-    cased, cased_sig = bleu(hypotheses, references)
-    lower, lower_sig = bleu(hypotheses, references, lowercase=True)
-    chrf = CHRF()
-    chrf_score = chrf.corpus_score(hypotheses, [references]).score
-    return TranslationScores(cased, lower, chrf_score, cased_sig, lower_sig, str(chrf.get_signature()))
+    from transformer_cli.runtime import Runtime
 
 
 # ----------------------------------------------------------------------------- tcli evaluate
@@ -67,7 +30,7 @@ def run_evaluate(
     as_json: bool = False,
 ) -> dict[str, Any]:
     """`tcli evaluate`: score a checkpoint on a split of its data or on given files, with the functions
-    training evaluates with (transformer_cli/scoring.py), and print the result (text or one JSON line).
+    training evaluates with (transformer_cli/validation.py), and print the result (text or one JSON line).
 
     The precision defaults to the checkpoint's train.precision and the weights stay fp32 under autocast,
     as during training, so the numbers equal the training-time evaluation of the same weights.
@@ -76,7 +39,7 @@ def run_evaluate(
 
     from transformer_cli.checkpoint import read_checkpoint
     from transformer_cli.errors import UserError
-    from transformer_cli.train.runtime import Runtime
+    from transformer_cli.runtime import Runtime
 
     if (split is None) == (input_path is None):
         raise UserError("give either --split NAME or --input FILE")
@@ -115,7 +78,8 @@ def _evaluate_translation(
 ) -> dict[str, Any]:
     from transformer_cli.datasets.translation import encode_parallel, read_parallel, split_paths
     from transformer_cli.errors import UserError
-    from transformer_cli.scoring import eval_decode_options, translate_texts, translation_nll
+    from transformer_cli.scores import translation_scores
+    from transformer_cli.validation import eval_decode_options, translate_texts, translation_nll
 
     cfg = ckpt.cfg
     if split is not None:
@@ -169,7 +133,7 @@ def _evaluate_bert(
 ) -> dict[str, Any]:
     from transformer_cli.datasets.bert import check_corpus, encode_documents, read_documents
     from transformer_cli.errors import UserError
-    from transformer_cli.scoring import bert_special_ids, bert_validation, held_out_instances
+    from transformer_cli.validation import bert_special_ids, bert_validation, held_out_instances
 
     cfg, d = ckpt.cfg, ckpt.cfg.data
     if split is not None:

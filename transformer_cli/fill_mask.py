@@ -133,7 +133,7 @@ def run_fill_mask(
     """Read the lines (TEXT or --input), predict, print one block (or one JSON object) per line."""
     from transformer_cli.checkpoint import read_checkpoint
     from transformer_cli.datasets.text import read_lines
-    from transformer_cli.train.runtime import Runtime
+    from transformer_cli.runtime import Runtime
 
     if (text is None) == (input_path is None):
         raise UserError("give the text to fill (an argument) or --input FILE, not both")

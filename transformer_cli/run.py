@@ -13,16 +13,17 @@ import json
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from transformer_cli import __version__
 from transformer_cli.config import VocabConfig, dump_config
+from transformer_cli.console import say
 from transformer_cli.datasets import shards
 from transformer_cli.datasets.shards import Manifest, describe_file, read_manifest
 from transformer_cli.errors import UserError
 from transformer_cli.files import remove_stale_temporaries, write_atomic
+from transformer_cli.train.stop import saved_stop_reason
 from transformer_cli.vocab import Vocab
 
 if TYPE_CHECKING:  # this module is imported by `tcli preprocess`, which never loads torch
@@ -58,11 +59,6 @@ SAFE_ON_RESUME = frozenset(
         "eval.max_tokens",
     }
 )
-
-
-def say(quiet: bool, message: str) -> None:
-    if not quiet:
-        print(message, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- the run directory
@@ -242,19 +238,6 @@ def check_resume_config(stored: dict[str, Any], new: dict[str, Any], path: Path)
         )
 
 
-def stop_reason(cfg: Any, train_state: dict[str, Any]) -> str | None:
-    """Why a run in `train_state` has nothing left to train under the train config `cfg`, or None."""
-    if cfg.max_steps and train_state["step"] >= cfg.max_steps:
-        return "max_steps"
-    if cfg.max_epochs and train_state["epoch"] >= cfg.max_epochs:
-        return "max_epochs"
-    if cfg.max_minutes is not None and train_state["wall_seconds"] >= 60 * cfg.max_minutes:
-        return "max_minutes"
-    if cfg.patience and train_state["bad_evals"] >= cfg.patience:
-        return "early_stopping"
-    return None
-
-
 # ----------------------------------------------------------------------------- memory
 
 
@@ -340,8 +323,8 @@ def run_training(
 ) -> dict[str, Any]:
     """Train a run from its config, start to end, with every guarantee of the README's "What tcli
     guarantees"; returns the end event."""
+    from transformer_cli.runtime import Runtime
     from transformer_cli.train.loop import Trainer, resume_requested
-    from transformer_cli.train.runtime import Runtime
 
     runtime = Runtime.create(device, cfg.train.precision)
     quiet, resume = quiet or not runtime.is_main, resume_requested(resume)
@@ -360,7 +343,7 @@ def run_training(
                 )
             if setup.preprocessed() is not None:
                 _check_preprocessed_vocab(setup, setup.vocabs_from_checkpoint(ckpt))
-            finished = stop_reason(cfg.train, ckpt.state["train_state"])
+            finished = saved_stop_reason(cfg.train, ckpt.state["train_state"])
             step = ckpt.state["train_state"]["step"]
             if finished and directory.finished_step() == step:
                 say(quiet, f"{run_dir} finished at step {step} ({finished}); nothing to do")

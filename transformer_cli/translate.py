@@ -26,7 +26,7 @@ from transformer_cli.datasets.text import LineReader, open_lines, read_lines
 from transformer_cli.decode import DecodeOptions, decode_corpus
 from transformer_cli.errors import UserError
 from transformer_cli.models.transformer import Transformer
-from transformer_cli.train.runtime import Runtime
+from transformer_cli.runtime import Runtime
 from transformer_cli.vocab import BOS_ID, EOS_ID, Vocab
 
 
@@ -173,7 +173,7 @@ def run_translate(
         "precision": translator.runtime.precision,
     }
     if refs is not None:
-        from transformer_cli.evaluate import translation_scores
+        from transformer_cli.scores import translation_scores
 
         scores = translation_scores(done.best, refs)
         stats.update(bleu=round(scores.bleu, 2), bleu_lc=round(scores.bleu_lc, 2), chrf=round(scores.chrf, 2))

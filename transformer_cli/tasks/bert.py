@@ -23,10 +23,8 @@ from transformer_cli.datasets.shards import (
     Manifest,
     document_starts,
 )
-from transformer_cli.run import run_training
-from transformer_cli.scoring import bert_special_ids, bert_validation, held_out_instances
-from transformer_cli.tasks.bert_setup import BertSetup
-from transformer_cli.train.runtime import Runtime
+from transformer_cli.runtime import Runtime
+from transformer_cli.validation import bert_special_ids, bert_validation, held_out_instances
 from transformer_cli.vocab import Vocab, check_bert_vocab
 
 
@@ -134,15 +132,3 @@ class BertTask:
             "vocab": {"bert": self.vocab.model_bytes},
             "data_fingerprint": self.data_fingerprint,
         }
-
-
-def pretrain_bert(
-    cfg: BertRunConfig,
-    run_dir: Path,
-    device: str = "auto",
-    resume: bool = False,
-    quiet: bool = False,
-    init_from_hf: Path | None = None,
-) -> dict[str, Any]:
-    """`tcli pretrain-bert`: text -> vocabulary -> NSP/MLM instances -> trained BERT; returns the end event."""
-    return run_training(BertSetup(cfg, init_from_hf), cfg, run_dir, device, resume, quiet)

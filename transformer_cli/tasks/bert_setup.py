@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from transformer_cli.config import BertRunConfig
+from transformer_cli.console import say
 from transformer_cli.datasets.shards import BLOCK_LINES, Manifest, lines_of, preprocess_documents, reservoir
 from transformer_cli.datasets.text import (
     LineIndex,
@@ -23,7 +24,7 @@ from transformer_cli.datasets.text import (
     stream_lines,
 )
 from transformer_cli.errors import UserError
-from transformer_cli.run import SetupBase, say, vocab_settings
+from transformer_cli.run import SetupBase, run_training, vocab_settings
 from transformer_cli.vocab import Vocab, check_bert_vocab, load_model_file, train_vocab
 
 if TYPE_CHECKING:
@@ -187,3 +188,15 @@ def document_counts(path: Path, d: Any) -> tuple[int, int]:
         elif current:
             documents, longest, current = documents + 1, max(longest, current), 0
     return documents, longest
+
+
+def pretrain_bert(
+    cfg: BertRunConfig,
+    run_dir: Path,
+    device: str = "auto",
+    resume: bool = False,
+    quiet: bool = False,
+    init_from_hf: Path | None = None,
+) -> dict[str, Any]:
+    """`tcli pretrain-bert`: text -> vocabulary -> NSP/MLM instances -> trained BERT; returns the end event."""
+    return run_training(BertSetup(cfg, init_from_hf), cfg, run_dir, device, resume, quiet)

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.config import TranslationRunConfig
+from transformer_cli.console import say
 from transformer_cli.datasets.translation import (
     Batch,
     BatchPlan,
@@ -18,11 +19,9 @@ from transformer_cli.datasets.translation import (
     ShardedPairs,
     token_batches,
 )
-from transformer_cli.evaluate import translation_scores
-from transformer_cli.run import run_training, say
-from transformer_cli.scoring import eval_decode_options, translate_texts, translation_validation
-from transformer_cli.tasks.translation_setup import TranslationSetup
-from transformer_cli.train.runtime import Runtime
+from transformer_cli.runtime import Runtime
+from transformer_cli.scores import translation_scores
+from transformer_cli.validation import eval_decode_options, translate_texts, translation_validation
 from transformer_cli.vocab import Vocab
 
 
@@ -107,10 +106,3 @@ class TranslationTask:
         src, tgt = self.vocabs
         vocab = {"joint": src.model_bytes} if src is tgt else {"src": src.model_bytes, "tgt": tgt.model_bytes}
         return {"config": self.cfg.model_dump(mode="json"), "vocab": vocab, "data_fingerprint": self.data_fingerprint}
-
-
-def train_translation(
-    cfg: TranslationRunConfig, run_dir: Path, device: str = "auto", resume: bool = False, quiet: bool = False
-) -> dict[str, Any]:
-    """`tcli train`: everything from raw text to best.pt; returns the end event."""
-    return run_training(TranslationSetup(cfg), cfg, run_dir, device, resume, quiet)

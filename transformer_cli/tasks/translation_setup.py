@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from transformer_cli.config import TranslationRunConfig
+from transformer_cli.console import say
 from transformer_cli.datasets.shards import Manifest, lines_of, reservoir
 from transformer_cli.datasets.text import LineIndex, fingerprint, stream_lines
 from transformer_cli.datasets.translation import (
@@ -19,7 +20,7 @@ from transformer_cli.datasets.translation import (
     preprocess_parallel,
     split_paths,
 )
-from transformer_cli.run import SetupBase, say, vocab_settings
+from transformer_cli.run import SetupBase, run_training, vocab_settings
 from transformer_cli.vocab import Vocab, check_translation_vocab, load_model_file, train_vocab
 
 if TYPE_CHECKING:
@@ -166,3 +167,10 @@ class TranslationSetup(SetupBase):
         n_params = sum(p.numel() for p in dict.fromkeys(model.parameters()))
         say(quiet, f"model: {n_params:,} parameters; vocabulary {len(pair[0])} / {len(pair[1])} pieces")
         return TranslationTask(cfg, pair, train, valid, test, model, self.data_fingerprint())
+
+
+def train_translation(
+    cfg: TranslationRunConfig, run_dir: Path, device: str = "auto", resume: bool = False, quiet: bool = False
+) -> dict[str, Any]:
+    """`tcli train`: everything from raw text to best.pt; returns the end event."""
+    return run_training(TranslationSetup(cfg), cfg, run_dir, device, resume, quiet)

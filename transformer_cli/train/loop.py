@@ -27,12 +27,13 @@ from torch import Tensor, nn
 from transformer_cli import __version__
 from transformer_cli.checkpoint import Checkpoint, serialize
 from transformer_cli.config import TrainConfig
+from transformer_cli.console import say
 from transformer_cli.errors import UserError
 from transformer_cli.files import write_atomic
-from transformer_cli.run import say, stop_reason
+from transformer_cli.runtime import Runtime, release_free_memory
 from transformer_cli.train.metrics import MetricsLog
 from transformer_cli.train.optim import build_optimizer, build_scheduler
-from transformer_cli.train.runtime import Runtime, release_free_memory
+from transformer_cli.train.stop import saved_stop_reason, stop_reason
 
 
 class Task(Protocol):
@@ -282,7 +283,7 @@ class Trainer:
     def _train(self) -> str:
         """The training loop proper; returns why it stopped."""
         cfg, state, task = self.cfg, self.state, self.task
-        reason = stop_reason(cfg, self._state_dict())  # a resumed run may have nothing left to do
+        reason = saved_stop_reason(cfg, self._state_dict())  # a resumed run may have nothing left to do
         if reason is not None:
             return reason
         step_model = self._wrap()
@@ -320,8 +321,8 @@ class Trainer:
                     if reason is None:
                         state.epoch += 1
                         state.batch_in_epoch = 0
-                        if cfg.max_epochs and state.epoch >= cfg.max_epochs:
-                            reason = "max_epochs"
+                        reason = stop_reason(cfg, state.step, state.epoch, False, state.bad_evals)
+                        if reason is not None:
                             self._evaluate_and_save(step_file=True, evaluate=state.step % cfg.eval_every != 0)
             finally:
                 if "feeder" in locals():
@@ -402,13 +403,13 @@ class Trainer:
     def _after_step(self, signalled: bool, out_of_time: bool) -> str | None:
         """Evaluate / save on schedule; return why training stops now, or None."""
         cfg, step = self.cfg, self.state.step
-        reason = "max_steps" if cfg.max_steps and step >= cfg.max_steps else None
-        reason = reason or ("max_minutes" if out_of_time else None)
+        reason = stop_reason(cfg, step, self.state.epoch, out_of_time, bad_evals=0)  # patience: after evaluating
         if step % cfg.eval_every == 0 or reason:
             self._evaluate_and_save(step_file=True, evaluate=True)
-            if cfg.patience and self.state.bad_evals >= cfg.patience:
-                reason = reason or "early_stopping"
-                say(self.quiet, f"early stopping: no better {self.task.best_metric} in {cfg.patience} evaluations")
+            if reason is None:
+                reason = stop_reason(cfg, step, self.state.epoch, False, self.state.bad_evals)
+                if reason is not None:
+                    say(self.quiet, f"early stopping: no better {self.task.best_metric} in {cfg.patience} evaluations")
         elif step % (cfg.save_every or cfg.eval_every) == 0:
             self._save(best=False, step_file=True)
         elif signalled:

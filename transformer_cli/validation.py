@@ -84,7 +84,7 @@ def translation_validation(
 ) -> dict[str, float]:
     """The eval event of a translation run: valid_loss (per-token NLL), valid_ppl and, when `opts` is
     given, sacreBLEU (cased) of beam-search output against the raw references."""
-    from transformer_cli.evaluate import bleu
+    from transformer_cli.scores import bleu
 
     result = translation_nll(model, data, max_tokens, device, context)
     metrics = {"valid_loss": result.loss, "valid_ppl": result.ppl}
