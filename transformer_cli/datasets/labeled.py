@@ -316,6 +316,10 @@ def check_labels(examples: Sequence[TextExample] | Sequence[TaggedSentence], lab
 # --- helpers -------------------------------------------------------------------------------------------------
 
 
+def _fields(n: int) -> str:
+    return "1 field" if n == 1 else f"{n} fields"
+
+
 def _is_int(s: str) -> bool:
     try:
         int(s)
@@ -396,10 +400,12 @@ def _examples(
                 continue
         if len(fields) != width:
             what = "the header" if header else "the first row"
-            raise UserError(
-                f"{path}:{n}: {len(fields)} fields but {what} has {width}; fields are separated by TAB"
-                + (" (a quoted field is not supported in .tsv: use .csv)" if path.suffix.lower() == ".tsv" else "")
+            hint = (
+                "fields are separated by TAB, and quotes are text (for quoted fields use .csv)"
+                if path.suffix.lower() == ".tsv"
+                else "check the commas and quotes (a quote left open runs on to the next rows)"
             )
+            raise UserError(f"{path}:{n}: {_fields(len(fields))} but {what} has {width}; {hint}")
         i_text, i_pair, i_label = idx
         examples.append(
             TextExample(
