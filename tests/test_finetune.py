@@ -1,0 +1,198 @@
+"""tcli finetune: from a tiny pretrained tcli BERT and from init none, on TSV/JSONL tables and a GLUE folder;
+metrics, best.pt, exact resume after SIGKILL, a finished run untouched, bad rows refused before writing."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from transformer_cli.cli import app
+
+from .conftest import ROOT, run_killed, run_tcli
+
+POSITIVE = "the cat sat on a mat with friend".split()
+NEGATIVE = "dog ran to house in garden and".split()
+
+
+def _sentences(n: int, seed: int) -> list[tuple[str, int]]:
+    """Label 1: words of one group, label 0: of the other (a signal a 1-layer model learns in a few steps)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        y = rng.randint(0, 1)
+        out.append((" ".join(rng.choice(POSITIVE if y else NEGATIVE) for _ in range(rng.randint(2, 8))), y))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A tiny BERT pretrained for a few steps on the bundled toy stories (once per module)."""
+    from transformer_cli.config import BertRunConfig, load_config
+    from transformer_cli.tasks.bert import pretrain_bert
+
+    out = tmp_path_factory.mktemp("bert")
+    sets = [
+        "model.d_model=32",
+        "model.layers=1",
+        "model.heads=2",
+        "model.ffn_dim=64",
+        "model.max_positions=64",
+        "vocab.size=200",
+        "train.max_steps=8",
+        "train.eval_every=8",
+        "train.batch_size=8",
+        "train.precision=fp32",
+    ]
+    cfg = load_config(BertRunConfig, ROOT / "configs" / "bert_quickstart.yaml", sets)
+    pretrain_bert(cfg, out / "run", device="cpu", quiet=True)
+    return out / "run" / "checkpoints" / "last.pt"
+
+
+@pytest.fixture(scope="module")
+def sst(tmp_path_factory) -> Path:
+    """A sentiment table: the label is whether 'good' or 'bad' appears (TSV and JSONL, train and dev)."""
+    folder = tmp_path_factory.mktemp("sst")
+    for split, n, seed in (("train", 48, 0), ("dev", 16, 1)):
+        rows = _sentences(n, seed)
+        lines = ["sentence\tlabel", *(f"{s}\t{'pos' if y else 'neg'}" for s, y in rows)]
+        (folder / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+        jsonl = [json.dumps({"a": s, "b": s.split()[0], "score": 4.0 * y + 0.5}) for s, y in rows]
+        (folder / f"{split}.jsonl").write_text("\n".join(jsonl) + "\n")
+    glue = folder / "glue" / "SST-2"
+    glue.mkdir(parents=True)
+    for split in ("train", "dev"):
+        text = (folder / f"{split}.tsv").read_text().replace("\tpos", "\t1").replace("\tneg", "\t0")
+        (glue / f"{split}.tsv").write_text(text)
+    return folder
+
+
+def write_config(path: Path, data: Path, init: str, *extra: str) -> Path:
+    path.write_text(
+        "\n".join(
+            [
+                "task: {kind: classification}",
+                f"data: {{dir: {data}, train: train.tsv, valid: dev.tsv, text: sentence, label: label, "
+                "max_seq_len: 24}",
+                f"model: {{init: {init}, classifier_dropout: 0.0}}",
+                "train: {batch_size: 8, max_epochs: 2, lr: 0.01, eval_every: 4, log_every: 2, precision: fp32,"
+                " keep_last: 1}",
+                *extra,
+            ]
+        )
+        + "\n"
+    )
+    return path
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, [*args, "--device", "cpu", "--quiet"])
+
+
+def events(run: Path, kind: str) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def test_finetune_from_tcli_checkpoint_learns_and_keeps_best(tmp_path, tiny_bert, sst):
+    cfg = write_config(tmp_path / "ft.yaml", sst, str(tiny_bert), "")
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "--set", "train.max_epochs=4")
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "run"
+    evals = events(run, "eval")
+    assert {"accuracy", "score"} <= set(evals[-1])
+    # evaluated every 4 steps and at each epoch end (48 examples / 8 = 6 steps an epoch)
+    assert [e["step"] for e in evals] == [4, 6, 8, 12, 16, 18, 20, 24]
+    assert max(e["accuracy"] for e in evals) >= 0.9
+    best = torch.load(run / "checkpoints" / "best.pt", weights_only=True)
+    assert best["train_state"]["best"] == max(e["score"] for e in evals)
+    assert best["finetune"]["labels"] == ["neg", "pos"]
+    assert "classifier.weight" in best["model"] and "bert.nsp_head.weight" not in best["model"]
+    assert (run / "vocab" / "bert.model").is_file()
+    # a finished run: exit 0, nothing touched
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    again = invoke(
+        "finetune", "--config", str(cfg), "--out", str(run), "--set", "train.max_epochs=4", "--resume", "auto"
+    )
+    assert again.exit_code == 0
+    assert before == {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
+def test_finetune_init_none_regression_on_jsonl(tmp_path, sst):
+    cfg = tmp_path / "reg.yaml"
+    cfg.write_text(
+        "task: {kind: regression}\n"
+        f"data: {{dir: {sst}, train: train.jsonl, valid: dev.jsonl, text: a, pair: b, label: score, max_seq_len: 16}}\n"
+        "model: {init: none, d_model: 16, layers: 1, heads: 2, ffn_dim: 32, max_positions: 32}\n"
+        "vocab: {size: 60}\n"
+        "train: {batch_size: 8, max_steps: 6, eval_every: 3, lr: 0.001, precision: fp32}\n"
+    )
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "--pad-to-max")
+    assert result.exit_code == 0, result.output
+    last = events(tmp_path / "run", "eval")[-1]
+    assert {"pearson", "spearman", "score"} <= set(last)
+    # 16 positions (max_seq_len) in every batch: the tokens counted are the real ones, the shapes padded
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["finetune"]["kind"] == "regression" and state["finetune"]["labels"] == []
+    assert state["config"]["train"]["pad_to_max"] is True
+
+
+def test_finetune_glue_folder_by_task_name(tmp_path, tiny_bert, sst):
+    cfg = tmp_path / "glue.yaml"
+    cfg.write_text(
+        f"task: {{glue: SST-2}}\ndata: {{dir: {sst / 'glue'}, max_seq_len: 24}}\nmodel: {{init: {tiny_bert}}}\n"
+        "train: {batch_size: 16, max_steps: 2, eval_every: 2, precision: fp32}\n"
+    )
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    assert "accuracy" in events(tmp_path / "run", "eval")[-1]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["finetune"]["labels"] == ["0", "1"]
+
+
+def test_bad_row_is_one_line_and_writes_nothing(tmp_path, tiny_bert, sst):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text("sentence\tlabel\na cat\tpos\nthe dog\t\n")
+    (data / "dev.tsv").write_text((sst / "dev.tsv").read_text())
+    cfg = write_config(tmp_path / "bad.yaml", data, str(tiny_bert))
+    result = run_tcli("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "--device", "cpu")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "train.tsv:3" in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+    # a dev label training never saw
+    (data / "train.tsv").write_text((sst / "train.tsv").read_text())
+    (data / "dev.tsv").write_text("sentence\tlabel\na cat\tmaybe\n")
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "dev.tsv:2" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_exact(tmp_path, tiny_bert, sst):
+    """Killed after step 5 (mid-epoch, between evaluations) and resumed = uninterrupted, bitwise (CPU, fp32)."""
+    cfg = write_config(tmp_path / "ft.yaml", sst, str(tiny_bert))
+    common = ("finetune", "--config", str(cfg), "--device", "cpu", "--quiet", "--set", "model.classifier_dropout=0.1")
+    full = run_tcli(*common, "--out", str(tmp_path / "full"))
+    assert full.returncode == 0, full.stderr
+    killed = run_killed(5, "step", *common, "--out", str(tmp_path / "cut"))
+    assert killed.returncode != 0
+    resumed = run_tcli(*common, "--out", str(tmp_path / "cut"), "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    a = torch.load(tmp_path / "full" / "checkpoints" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "cut" / "checkpoints" / "last.pt", weights_only=True)
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    steps = [e["step"] for e in events(tmp_path / "cut", "train")]
+    assert steps == sorted(set(steps))
+
+
+def test_shipped_finetune_config_loads():
+    from transformer_cli.config import FinetuneRunConfig, load_config
+
+    cfg = load_config(FinetuneRunConfig, ROOT / "configs" / "finetune_sst2.yaml")
+    assert cfg.task.glue == "SST-2"
