@@ -98,11 +98,19 @@ def events(run: Path, kind: str) -> list[dict]:
     return [e for e in map(json.loads, lines) if e["event"] == kind]
 
 
-def test_finetune_from_tcli_checkpoint_learns_and_keeps_best(tmp_path, tiny_bert, sst):
-    cfg = write_config(tmp_path / "ft.yaml", sst, str(tiny_bert), "")
-    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "--set", "train.max_epochs=4")
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, tiny_bert, sst) -> Path:
+    """The run of a classifier fine-tuned from the tiny BERT for 4 epochs (once per module)."""
+    folder = tmp_path_factory.mktemp("ft")
+    cfg = write_config(folder / "ft.yaml", sst, str(tiny_bert), "")
+    result = invoke("finetune", "--config", str(cfg), "--out", str(folder / "run"), "--set", "train.max_epochs=4")
     assert result.exit_code == 0, result.output
-    run = tmp_path / "run"
+    return folder / "run"
+
+
+def test_finetune_from_tcli_checkpoint_learns_and_keeps_best(finetuned):
+    run = finetuned
+    cfg = run.parent / "ft.yaml"
     evals = events(run, "eval")
     assert {"accuracy", "score"} <= set(evals[-1])
     # evaluated every 4 steps and at each epoch end (48 examples / 8 = 6 steps an epoch)
@@ -196,3 +204,36 @@ def test_shipped_finetune_config_loads():
 
     cfg = load_config(FinetuneRunConfig, ROOT / "configs" / "finetune_sst2.yaml")
     assert cfg.task.glue == "SST-2"
+
+
+def test_predict_table_stdin_and_output_agree_with_the_dev_evaluation(tmp_path, finetuned, sst):
+    best = finetuned / "checkpoints" / "best.pt"
+    result = CliRunner().invoke(
+        app, ["predict", "--checkpoint", str(best), "-i", str(sst / "dev.tsv"), "--device", "cpu"]
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    gold = [line.split("\t")[1] for line in (sst / "dev.tsv").read_text().splitlines()[1:]]
+    assert len(rows) == len(gold) and all(0.5 <= float(p) <= 1.0 for _, p in rows)
+    accuracy = sum(label == g for (label, _), g in zip(rows, gold)) / len(gold)
+    best_eval = max(events(finetuned, "eval"), key=lambda e: e["score"])
+    assert accuracy == pytest.approx(best_eval["accuracy"])
+    # plain lines from stdin, and --output
+    out = tmp_path / "pred.txt"
+    texts = [line.split("\t")[0] for line in (sst / "dev.tsv").read_text().splitlines()[1:4]]
+    args = ["predict", "--checkpoint", str(best), "--output", str(out), "--device", "cpu"]
+    result = CliRunner().invoke(app, args, input="\n".join(texts) + "\n")
+    assert result.exit_code == 0, result.output
+    assert out.read_text().splitlines() == result_lines(rows[:3])
+
+
+def result_lines(rows: list[list[str]]) -> list[str]:
+    return ["\t".join(r) for r in rows]
+
+
+def test_predict_refuses_a_pretraining_checkpoint_and_an_empty_line(tmp_path, tiny_bert, finetuned):
+    result = CliRunner().invoke(app, ["predict", "--checkpoint", str(tiny_bert), "--device", "cpu"], input="a cat\n")
+    assert result.exit_code == 2 and "not a finetune model" in result.output
+    best = finetuned / "checkpoints" / "best.pt"
+    result = CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "--device", "cpu"], input="a cat\n\n")
+    assert result.exit_code == 2 and "<stdin>:2: empty line" in result.output

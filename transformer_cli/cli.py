@@ -252,6 +252,27 @@ def finetune(
     run(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet)
 
 
+@app.command()
+@user_errors
+def predict(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a fine-tuned checkpoint from tcli finetune")],
+    input: Annotated[
+        Path | None,
+        typer.Option("--input", "-i", help=".tsv/.csv/.jsonl (the training columns), .conll, or plain lines (stdin)"),
+    ] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default stdout)")] = None,
+    device: DeviceOpt = "auto",
+    precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "fp32",
+) -> None:
+    """Label, score or tag text with a fine-tuned model: label and probability, the score, or word-tag lines."""
+    from transformer_cli.errors import UserError
+    from transformer_cli.predict import run_predict
+
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    run_predict(checkpoint, input, output, device, precision)
+
+
 @app.command("export-hf")
 @user_errors
 def export_hf(
