@@ -199,11 +199,11 @@ def test_resume_after_sigkill_is_exact(tmp_path, tiny_bert, sst):
     assert steps == sorted(set(steps))
 
 
-def test_shipped_finetune_config_loads():
+def test_shipped_finetune_configs_load():
     from transformer_cli.config import FinetuneRunConfig, load_config
 
-    cfg = load_config(FinetuneRunConfig, ROOT / "configs" / "finetune_sst2.yaml")
-    assert cfg.task.glue == "SST-2"
+    assert load_config(FinetuneRunConfig, ROOT / "configs" / "finetune_sst2.yaml").task.glue == "SST-2"
+    assert load_config(FinetuneRunConfig, ROOT / "configs" / "finetune_conll2003.yaml").task.kind == "tagging"
 
 
 def test_predict_table_stdin_and_output_agree_with_the_dev_evaluation(tmp_path, finetuned, sst):
@@ -237,3 +237,58 @@ def test_predict_refuses_a_pretraining_checkpoint_and_an_empty_line(tmp_path, ti
     best = finetuned / "checkpoints" / "best.pt"
     result = CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "--device", "cpu"], input="a cat\n\n")
     assert result.exit_code == 2 and "<stdin>:2: empty line" in result.output
+
+
+def test_tagging_on_conll_first_pieces_and_word_tag_output(tmp_path):
+    """CoNLL files, a tag per word at its first piece; entity scores; predict writes `word tag` lines."""
+    rng = random.Random(3)
+    sentences = []
+    for _ in range(24):
+        words = [rng.choice(POSITIVE + NEGATIVE) for _ in range(rng.randint(2, 6))]
+        sentences.append("\n".join(f"{w} {'B-ANI' if w in ('cat', 'dog') else 'O'}" for w in words))
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.conll").write_text("-DOCSTART- O\n\n" + "\n\n".join(sentences) + "\n")
+    cfg = tmp_path / "tag.yaml"
+    cfg.write_text(
+        "task: {kind: tagging}\n"
+        f"data: {{dir: {tmp_path}, train: train.conll, valid: dev.conll, max_seq_len: 16}}\n"
+        "model: {init: none, d_model: 16, layers: 1, heads: 2, ffn_dim: 32, max_positions: 16}\n"
+        "vocab: {size: 40}\n"
+        "train: {batch_size: 8, max_steps: 4, eval_every: 4, lr: 0.001, precision: fp32}\n"
+    )
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    assert {"entity_f1", "entity_precision", "entity_recall", "score"} <= set(events(tmp_path / "run", "eval")[-1])
+    best = tmp_path / "run" / "checkpoints" / "last.pt"
+    result = CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "--device", "cpu"], input="the cat sat\n")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:3]] == ["the", "cat", "sat"] and lines[3] == ""
+    assert all(line.split()[1] in ("B-ANI", "O") for line in lines[:3])
+
+
+def test_first_piece_labels():
+    from transformer_cli.bert_tokenizer import BertTokenizer
+    from transformer_cli.finetuned import encode_tagged
+    from transformer_cli.models.losses import IGNORE
+    from transformer_cli.vocab import train_vocab
+
+    vocab = train_vocab(
+        ["the cat sat on a mat"] * 5,
+        30,
+        pad_piece="[PAD]",
+        unk_piece="[UNK]",
+        control_symbols=("[CLS]", "[SEP]", "[MASK]"),
+        bos_eos=False,
+    )
+    tok = BertTokenizer("sentencepiece", vocab.model_bytes)
+    words = ["the", "catsat", "mat"]
+    feats = encode_tagged(tok, [words], [[1, 2, 3]], 64)
+    pieces = tok.encode_words(words)
+    ids, labels, firsts = feats.ids[0], feats.labels[0], feats.first_pieces[0]
+    assert ids == [tok.cls_id, *sum(pieces, []), tok.sep_id]
+    assert firsts == [1, 1 + len(pieces[0]), 1 + len(pieces[0]) + len(pieces[1])]
+    assert [labels[i] for i in firsts] == [1, 2, 3]
+    assert sum(x != IGNORE for x in labels) == 3
+    cut = encode_tagged(tok, [words], [[1, 2, 3]], 4)  # room for 2 pieces: later words are lost, counted
+    assert len(cut.ids[0]) <= 4 and cut.truncated == 1 and cut.words_lost >= 1
