@@ -48,5 +48,7 @@ def test_readme_mentions_every_command():
         "tcli plot",
         "tcli export-ct2",
         "tcli average",
+        "tcli finetune",
+        "tcli predict",
     ):
         assert command in text
