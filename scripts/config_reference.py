@@ -10,7 +10,7 @@ import typing
 
 from pydantic import BaseModel
 
-from transformer_cli.config import BertRunConfig, TranslationRunConfig
+from transformer_cli.config import BertRunConfig, FinetuneRunConfig, TranslationRunConfig
 
 
 def _type_name(annotation) -> str:
@@ -39,6 +39,7 @@ def reference() -> str:
             [
                 section_table(TranslationRunConfig, "`tcli train` (translation)"),
                 section_table(BertRunConfig, "`tcli pretrain-bert` (BERT)"),
+                section_table(FinetuneRunConfig, "`tcli finetune` (fine-tuning)"),
             ]
         )
         + "\n"

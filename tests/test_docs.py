@@ -25,6 +25,8 @@ def test_readme_config_reference_matches_code():
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
     schema = BertRunConfig if path.name.startswith("bert") else TranslationRunConfig
+    if path.name.startswith("finetune"):
+        from transformer_cli.config import FinetuneRunConfig as schema
     load_config(schema, path)
 
 
@@ -46,5 +48,7 @@ def test_readme_mentions_every_command():
         "tcli plot",
         "tcli export-ct2",
         "tcli average",
+        "tcli finetune",
+        "tcli predict",
     ):
         assert command in text

@@ -46,12 +46,25 @@ class Checkpoint:
     def weights(self) -> dict[str, torch.Tensor]:
         return self.state["model"]
 
+    @property
+    def finetune(self) -> Any:
+        """A fine-tuned checkpoint's task kind, labels, encoder sizes and tokenizer (finetuned.FinetuneMeta)."""
+        from transformer_cli.finetuned import FinetuneMeta
+
+        if "_finetune" not in self.__dict__:
+            self.__dict__["_finetune"] = FinetuneMeta.from_state(self.state.get("finetune"), str(self.path))
+        return self.__dict__["_finetune"]
+
     def build_model(self) -> nn.Module:
         """The model of this checkpoint with its weights, after checking every tensor's name and shape
         against the config (on the meta device: no memory) and that every weight is finite."""
         from transformer_cli.models.builders import build_bert, build_transformer
 
         def build() -> nn.Module:
+            if self.kind == "finetune":
+                from transformer_cli.finetuned import build_classifier
+
+                return build_classifier(self.finetune)
             if self.kind == "bert":
                 return build_bert(self.cfg.model, len(self.vocabs[0]))
             return build_transformer(self.cfg.model, len(self.vocabs[0]), len(self.vocabs[1]))
@@ -114,7 +127,8 @@ def read_checkpoint(path: str | Path, kind: str | None = None, vocab: bool = Tru
     if not isinstance(state.get("config"), dict):
         raise UserError(f"{path} holds no run config; pass a file from <run>/checkpoints/")
     cfg = build_config(SCHEMAS[found], state["config"], f"the config stored in {path}")
-    vocabs = _vocabs(state.get("vocab"), found, cfg, path) if vocab else ()
+    # A fine-tuned model carries its tokenizer (sentencepiece or HF) in state["finetune"], read by .finetune.
+    vocabs = _vocabs(state.get("vocab"), found, cfg, path) if vocab and found != "finetune" else ()
     if not all(isinstance(k, str) for k in state["model"]):
         raise UserError(f"{path}: the weights are not a state dict of named tensors")
     return Checkpoint(path, found, cfg, vocabs, state)

@@ -230,6 +230,49 @@ def pretrain_bert(
     run(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet, init_from_hf=init_from_hf)
 
 
+@app.command()
+@user_errors
+def finetune(
+    config: ConfigOpt,
+    set_: SetOpt = None,
+    out: OutOpt = None,
+    resume: ResumeOpt = None,
+    device: DeviceOpt = "auto",
+    quiet: QuietOpt = False,
+    pad_to_max: Annotated[
+        bool, typer.Option("--pad-to-max", help="pad every batch to data.max_seq_len (as run_glue.py; benchmarks)")
+    ] = False,
+) -> None:
+    """Fine-tune a BERT (tcli checkpoint, Hugging Face folder, or none) to classify, score or tag text."""
+    from transformer_cli.config import FinetuneRunConfig, load_config
+    from transformer_cli.tasks.finetune import finetune as run
+
+    overrides = [*(set_ or []), *(["train.pad_to_max=true"] if pad_to_max else [])]
+    cfg = load_config(FinetuneRunConfig, config, overrides)
+    run(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet)
+
+
+@app.command()
+@user_errors
+def predict(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a fine-tuned checkpoint from tcli finetune")],
+    input: Annotated[
+        Path | None,
+        typer.Option("--input", "-i", help=".tsv/.csv/.jsonl (the training columns), .conll, or plain lines (stdin)"),
+    ] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default stdout)")] = None,
+    device: DeviceOpt = "auto",
+    precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "fp32",
+) -> None:
+    """Label, score or tag text with a fine-tuned model: label and probability, the score, or word-tag lines."""
+    from transformer_cli.errors import UserError
+    from transformer_cli.predict import run_predict
+
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    run_predict(checkpoint, input, output, device, precision)
+
+
 @app.command("export-hf")
 @user_errors
 def export_hf(

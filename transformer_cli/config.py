@@ -464,11 +464,101 @@ class BertRunConfig(Section):
         _check_train(self.train)
 
 
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+class FinetuneTaskConfig(Section):
+    """What is learnt: the head and the metrics."""
+
+    kind: Literal["classification", "regression", "tagging"] = Field(
+        "classification", description="a label per text (or pair), one number per text, or a tag per word"
+    )
+    glue: str | None = Field(
+        None,
+        description="a GLUE task name (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI): its files, "
+        "columns, kind and metrics",
+    )
+    metrics: list[str] | None = Field(
+        None, description="metrics of each evaluation, the first selects best.pt (default: the task's)"
+    )
+
+
+class FinetuneDataConfig(Section):
+    """Labelled examples: a GLUE folder, a TSV/CSV/JSONL file with named columns, or CoNLL files."""
+
+    dir: str = Field("data", description="folder with the training and validation files")
+    format: Literal["auto", "tsv", "csv", "jsonl", "conll"] = Field(
+        "auto", description="file format (auto: from the file suffix; .txt and .conll are CoNLL)"
+    )
+    train: str = Field("train.tsv", min_length=1, description="training file under dir")
+    valid: str = Field("dev.tsv", min_length=1, description="validation file under dir")
+    text: str = Field("sentence", min_length=1, description="column of the text (the first of a pair)")
+    pair: str | None = Field(None, description="column of the second text of a pair (null: single texts)")
+    label: str = Field("label", min_length=1, description="column of the label (or the regression target)")
+    max_seq_len: int = Field(
+        128, ge=8, le=MAX_POSITIONS, description="pieces per example, [CLS] and [SEP]s included; longer are cut"
+    )
+
+
+class FinetuneModelConfig(Section):
+    """The starting encoder, and sizes only for `init: none`."""
+
+    init: str = Field(
+        "none", description="a tcli BERT checkpoint, a Hugging Face BERT folder, or none (random weights)"
+    )
+    classifier_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout before the head's linear layer")
+    dropout: float | None = Field(None, ge=0.0, lt=1.0, description="encoder dropout (null: the init model's)")
+    attention_dropout: float | None = Field(
+        None, ge=0.0, lt=1.0, description="attention dropout (null: the init model's)"
+    )
+    d_model: int | None = Field(None, ge=2, le=65536, description="init none: hidden size (null: 768)")
+    layers: int | None = Field(None, ge=1, le=1000, description="init none: encoder blocks (null: 12)")
+    heads: int | None = Field(None, ge=1, le=1024, description="init none: attention heads (null: 12)")
+    ffn_dim: int | None = Field(None, ge=1, le=1_048_576, description="init none: FFN inner size (null: 3072)")
+    max_positions: int | None = Field(None, ge=8, le=MAX_POSITIONS, description="init none: positions (null: 512)")
+
+
+class FinetuneTrainConfig(TrainConfig):
+    batch_size: int = Field(32, ge=1, le=1_048_576, description="examples per micro-batch")
+    max_epochs: int | None = Field(3, ge=1, le=10**9, description="stop after this many passes over the data")
+    lr: float = Field(2e-5, gt=0.0, le=10.0, description="peak learning rate")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 to lr (used when warmup_ratio is 0)")
+    warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0, description="warmup as a share of all updates")
+    schedule: Literal["inverse_sqrt", "linear", "constant"] = Field("linear", description="decay after warmup")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    adam_eps: float = Field(1e-6, gt=0.0, description="AdamW epsilon")
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW decoupled weight decay (not on biases/norms)")
+    eval_every: int = Field(500, ge=1, description="evaluate every this many updates (and at each epoch end)")
+    keep_last: int = Field(1, ge=0, description="step checkpoints kept besides best.pt and last.pt")
+    pad_to_multiple: int = Field(1, ge=1, le=512, description="pad batch lengths to a multiple of this")
+    pad_to_max: bool = Field(False, description="pad every batch to data.max_seq_len (for benchmarks)")
+
+
+class FinetuneRunConfig(Section):
+    """`tcli finetune`: a fine-tuning run."""
+
+    task: FinetuneTaskConfig = FinetuneTaskConfig()
+    data: FinetuneDataConfig = FinetuneDataConfig()
+    model: FinetuneModelConfig = FinetuneModelConfig()
+    vocab: VocabConfig = VocabConfig()
+    train: FinetuneTrainConfig = FinetuneTrainConfig()
+
+    def check(self) -> None:
+        m = self.model
+        sizes = [k for k in ("d_model", "layers", "heads", "ffn_dim", "max_positions") if getattr(m, k) is not None]
+        if sizes and m.init.lower() != "none":
+            raise ValueError(f"model.{sizes[0]} is set but model.init gives the sizes; set it only with init: none")
+        if m.d_model is not None and m.heads is not None and m.d_model % m.heads:
+            raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
+        _check_train(self.train)
+
+
 # ----------------------------------------------------------------------------- config files of either kind
 
-SCHEMAS: dict[str, type[TranslationRunConfig] | type[BertRunConfig]] = {
+SCHEMAS: dict[str, type[TranslationRunConfig] | type[BertRunConfig] | type[FinetuneRunConfig]] = {
     "translation": TranslationRunConfig,
     "bert": BertRunConfig,
+    "finetune": FinetuneRunConfig,
 }
 
 

@@ -44,6 +44,11 @@ def run_evaluate(
     if (split is None) == (input_path is None):
         raise UserError("give either --split NAME or --input FILE")
     ckpt = read_checkpoint(checkpoint)
+    if ckpt.kind == "finetune":  # scoring a fine-tuned model here is not built yet (issue 22)
+        raise UserError(
+            f"{checkpoint} is a fine-tuned checkpoint: tcli evaluate does not score those yet; its dev scores are "
+            "in the run's metrics.jsonl, and tcli predict labels new text"
+        )
     if ckpt.kind == "bert" and (reference is not None or beam is not None or lenpen is not None):
         raise UserError(f"{checkpoint} is a BERT checkpoint: --reference, --beam and --lenpen are for translation")
     runtime = Runtime.create(device, precision or ckpt.cfg.train.precision)

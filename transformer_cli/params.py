@@ -389,6 +389,8 @@ def _rows(weights: dict[str, Any], name: str, path: Path) -> int:
 def count_checkpoint(path: Path) -> dict[str, Any]:
     """The stored element count of a checkpoint, beside the count of the model its config builds."""
     ckpt = read_checkpoint(path, vocab=False)
+    if ckpt.kind == "finetune":  # counting a fine-tuned model's head is not built yet (issue 22)
+        raise UserError(f"{path} is a fine-tuned checkpoint: tcli count-params does not count those yet")
     kind, cfg, weights = ckpt.kind, ckpt.cfg, ckpt.weights
     src, tgt = ("embeddings.token.weight",) * 2 if kind == "bert" else ("src_embed.weight", "tgt_embed.weight")
     report = count_config(cfg, _rows(weights, src, path), _rows(weights, tgt, path), f"checkpoint {path}")

@@ -65,6 +65,7 @@ class Bert(nn.Module):
         attention_dropout: float = 0.1,
         pad_id: int = 0,
         eps: float = 1e-12,
+        pretraining_heads: bool = True,
     ):
         super().__init__()
         self.pad_id = pad_id
@@ -74,10 +75,11 @@ class Bert(nn.Module):
             for _ in range(layers)
         )
         self.pooler = nn.Linear(d_model, d_model)
-        self.nsp_head = nn.Linear(d_model, 2)
-        self.mlm_dense = nn.Linear(d_model, d_model)
-        self.mlm_norm = nn.LayerNorm(d_model, eps=eps)
-        self.mlm_bias = nn.Parameter(torch.zeros(vocab_size))
+        if pretraining_heads:  # fine-tuning drops them (its head is models/heads.py)
+            self.nsp_head = nn.Linear(d_model, 2)
+            self.mlm_dense = nn.Linear(d_model, d_model)
+            self.mlm_norm = nn.LayerNorm(d_model, eps=eps)
+            self.mlm_bias = nn.Parameter(torch.zeros(vocab_size))
         self.apply(_init_weights)
 
     def encode(self, input_ids: Tensor, segment_ids: Tensor) -> Tensor:

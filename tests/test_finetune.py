@@ -1,0 +1,307 @@
+"""tcli finetune: from a tiny pretrained tcli BERT and from init none, on TSV/JSONL tables and a GLUE folder;
+metrics, best.pt, exact resume after SIGKILL, a finished run untouched, bad rows refused before writing."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from transformer_cli.cli import app
+
+from .conftest import ROOT, run_killed, run_tcli
+
+POSITIVE = "the cat sat on a mat with friend".split()
+NEGATIVE = "dog ran to house in garden and".split()
+
+
+def _sentences(n: int, seed: int) -> list[tuple[str, int]]:
+    """Label 1: words of one group, label 0: of the other (a signal a 1-layer model learns in a few steps)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        y = rng.randint(0, 1)
+        out.append((" ".join(rng.choice(POSITIVE if y else NEGATIVE) for _ in range(rng.randint(2, 8))), y))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A tiny BERT pretrained for a few steps on the bundled toy stories (once per module)."""
+    from transformer_cli.config import BertRunConfig, load_config
+    from transformer_cli.tasks.bert import pretrain_bert
+
+    out = tmp_path_factory.mktemp("bert")
+    sets = [
+        "model.d_model=32",
+        "model.layers=1",
+        "model.heads=2",
+        "model.ffn_dim=64",
+        "model.max_positions=64",
+        "vocab.size=200",
+        "train.max_steps=8",
+        "train.eval_every=8",
+        "train.batch_size=8",
+        "train.precision=fp32",
+    ]
+    cfg = load_config(BertRunConfig, ROOT / "configs" / "bert_quickstart.yaml", sets)
+    pretrain_bert(cfg, out / "run", device="cpu", quiet=True)
+    return out / "run" / "checkpoints" / "last.pt"
+
+
+@pytest.fixture(scope="module")
+def sst(tmp_path_factory) -> Path:
+    """A sentiment table: the label is whether 'good' or 'bad' appears (TSV and JSONL, train and dev)."""
+    folder = tmp_path_factory.mktemp("sst")
+    for split, n, seed in (("train", 48, 0), ("dev", 16, 1)):
+        rows = _sentences(n, seed)
+        lines = ["sentence\tlabel", *(f"{s}\t{'pos' if y else 'neg'}" for s, y in rows)]
+        (folder / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+        jsonl = [json.dumps({"a": s, "b": s.split()[0], "score": 4.0 * y + 0.5}) for s, y in rows]
+        (folder / f"{split}.jsonl").write_text("\n".join(jsonl) + "\n")
+    glue = folder / "glue" / "SST-2"
+    glue.mkdir(parents=True)
+    for split in ("train", "dev"):
+        text = (folder / f"{split}.tsv").read_text().replace("\tpos", "\t1").replace("\tneg", "\t0")
+        (glue / f"{split}.tsv").write_text(text)
+    return folder
+
+
+def write_config(path: Path, data: Path, init: str, *extra: str) -> Path:
+    path.write_text(
+        "\n".join(
+            [
+                "task: {kind: classification}",
+                f"data: {{dir: {data}, train: train.tsv, valid: dev.tsv, text: sentence, label: label, "
+                "max_seq_len: 24}",
+                f"model: {{init: {init}, classifier_dropout: 0.0}}",
+                "train: {batch_size: 8, max_epochs: 2, lr: 0.01, eval_every: 4, log_every: 2, precision: fp32,"
+                " keep_last: 1}",
+                *extra,
+            ]
+        )
+        + "\n"
+    )
+    return path
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, [*args, "--device", "cpu", "--quiet"])
+
+
+def events(run: Path, kind: str) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, tiny_bert, sst) -> Path:
+    """The run of a classifier fine-tuned from the tiny BERT for 4 epochs (once per module)."""
+    folder = tmp_path_factory.mktemp("ft")
+    cfg = write_config(folder / "ft.yaml", sst, str(tiny_bert), "")
+    result = invoke("finetune", "--config", str(cfg), "--out", str(folder / "run"), "--set", "train.max_epochs=4")
+    assert result.exit_code == 0, result.output
+    return folder / "run"
+
+
+def test_finetune_from_tcli_checkpoint_learns_and_keeps_best(finetuned):
+    run = finetuned
+    cfg = run.parent / "ft.yaml"
+    evals = events(run, "eval")
+    assert {"accuracy", "score"} <= set(evals[-1])
+    # evaluated every 4 steps and at each epoch end (48 examples / 8 = 6 steps an epoch)
+    assert [e["step"] for e in evals] == [4, 6, 8, 12, 16, 18, 20, 24]
+    assert max(e["accuracy"] for e in evals) >= 0.9
+    best = torch.load(run / "checkpoints" / "best.pt", weights_only=True)
+    assert best["train_state"]["best"] == max(e["score"] for e in evals)
+    assert best["finetune"]["labels"] == ["neg", "pos"]
+    assert "classifier.weight" in best["model"] and "bert.nsp_head.weight" not in best["model"]
+    assert (run / "vocab" / "bert.model").is_file()
+    # a finished run: exit 0, nothing touched
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    again = invoke(
+        "finetune", "--config", str(cfg), "--out", str(run), "--set", "train.max_epochs=4", "--resume", "auto"
+    )
+    assert again.exit_code == 0
+    assert before == {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
+def test_finetune_init_none_regression_on_jsonl(tmp_path, sst):
+    cfg = tmp_path / "reg.yaml"
+    cfg.write_text(
+        "task: {kind: regression}\n"
+        f"data: {{dir: {sst}, train: train.jsonl, valid: dev.jsonl, text: a, pair: b, label: score, max_seq_len: 16}}\n"
+        "model: {init: none, d_model: 16, layers: 1, heads: 2, ffn_dim: 32, max_positions: 32}\n"
+        "vocab: {size: 60}\n"
+        "train: {batch_size: 8, max_steps: 6, eval_every: 3, lr: 0.001, precision: fp32}\n"
+    )
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "--pad-to-max")
+    assert result.exit_code == 0, result.output
+    last = events(tmp_path / "run", "eval")[-1]
+    assert {"pearson", "spearman", "score"} <= set(last)
+    # 16 positions (max_seq_len) in every batch: the tokens counted are the real ones, the shapes padded
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["finetune"]["kind"] == "regression" and state["finetune"]["labels"] == []
+    assert state["config"]["train"]["pad_to_max"] is True
+
+
+def test_finetune_glue_folder_by_task_name(tmp_path, tiny_bert, sst):
+    cfg = tmp_path / "glue.yaml"
+    cfg.write_text(
+        f"task: {{glue: SST-2}}\ndata: {{dir: {sst / 'glue'}, max_seq_len: 24}}\nmodel: {{init: {tiny_bert}}}\n"
+        "train: {batch_size: 16, max_steps: 2, eval_every: 2, precision: fp32}\n"
+    )
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    assert "accuracy" in events(tmp_path / "run", "eval")[-1]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["finetune"]["labels"] == ["0", "1"]
+
+
+def test_bad_row_is_one_line_and_writes_nothing(tmp_path, tiny_bert, sst):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text("sentence\tlabel\na cat\tpos\nthe dog\t\n")
+    (data / "dev.tsv").write_text((sst / "dev.tsv").read_text())
+    cfg = write_config(tmp_path / "bad.yaml", data, str(tiny_bert))
+    result = run_tcli("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "--device", "cpu")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "train.tsv:3" in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+    # a dev label training never saw
+    (data / "train.tsv").write_text((sst / "train.tsv").read_text())
+    (data / "dev.tsv").write_text("sentence\tlabel\na cat\tmaybe\n")
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "dev.tsv:2" in result.output
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_exact(tmp_path, tiny_bert, sst):
+    """Killed after step 5 (mid-epoch, between evaluations) and resumed = uninterrupted, bitwise (CPU, fp32)."""
+    cfg = write_config(tmp_path / "ft.yaml", sst, str(tiny_bert))
+    common = ("finetune", "--config", str(cfg), "--device", "cpu", "--quiet", "--set", "model.classifier_dropout=0.1")
+    full = run_tcli(*common, "--out", str(tmp_path / "full"))
+    assert full.returncode == 0, full.stderr
+    killed = run_killed(5, "step", *common, "--out", str(tmp_path / "cut"))
+    assert killed.returncode != 0
+    resumed = run_tcli(*common, "--out", str(tmp_path / "cut"), "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    a = torch.load(tmp_path / "full" / "checkpoints" / "last.pt", weights_only=True)
+    b = torch.load(tmp_path / "cut" / "checkpoints" / "last.pt", weights_only=True)
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    steps = [e["step"] for e in events(tmp_path / "cut", "train")]
+    assert steps == sorted(set(steps))
+
+
+def test_shipped_finetune_configs_load():
+    from transformer_cli.config import FinetuneRunConfig, load_config
+
+    assert load_config(FinetuneRunConfig, ROOT / "configs" / "finetune_sst2.yaml").task.glue == "SST-2"
+    assert load_config(FinetuneRunConfig, ROOT / "configs" / "finetune_conll2003.yaml").task.kind == "tagging"
+
+
+def test_predict_table_stdin_and_output_agree_with_the_dev_evaluation(tmp_path, finetuned, sst):
+    best = finetuned / "checkpoints" / "best.pt"
+    result = CliRunner().invoke(
+        app, ["predict", "--checkpoint", str(best), "-i", str(sst / "dev.tsv"), "--device", "cpu"]
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line.split("\t") for line in result.stdout.splitlines()]
+    gold = [line.split("\t")[1] for line in (sst / "dev.tsv").read_text().splitlines()[1:]]
+    assert len(rows) == len(gold) and all(0.5 <= float(p) <= 1.0 for _, p in rows)
+    accuracy = sum(label == g for (label, _), g in zip(rows, gold)) / len(gold)
+    best_eval = max(events(finetuned, "eval"), key=lambda e: e["score"])
+    assert accuracy == pytest.approx(best_eval["accuracy"])
+    # plain lines from stdin, and --output
+    out = tmp_path / "pred.txt"
+    texts = [line.split("\t")[0] for line in (sst / "dev.tsv").read_text().splitlines()[1:4]]
+    args = ["predict", "--checkpoint", str(best), "--output", str(out), "--device", "cpu"]
+    result = CliRunner().invoke(app, args, input="\n".join(texts) + "\n")
+    assert result.exit_code == 0, result.output
+    assert out.read_text().splitlines() == result_lines(rows[:3])
+
+
+def result_lines(rows: list[list[str]]) -> list[str]:
+    return ["\t".join(r) for r in rows]
+
+
+def test_predict_refuses_a_pretraining_checkpoint_and_an_empty_line(tmp_path, tiny_bert, finetuned):
+    result = CliRunner().invoke(app, ["predict", "--checkpoint", str(tiny_bert), "--device", "cpu"], input="a cat\n")
+    assert result.exit_code == 2 and "not a finetune model" in result.output
+    best = finetuned / "checkpoints" / "best.pt"
+    result = CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "--device", "cpu"], input="a cat\n\n")
+    assert result.exit_code == 2 and "<stdin>:2: empty line" in result.output
+
+
+def test_tagging_on_conll_first_pieces_and_word_tag_output(tmp_path):
+    """CoNLL files, a tag per word at its first piece; entity scores; predict writes `word tag` lines."""
+    rng = random.Random(3)
+    sentences = []
+    for _ in range(24):
+        words = [rng.choice(POSITIVE + NEGATIVE) for _ in range(rng.randint(2, 6))]
+        sentences.append("\n".join(f"{w} {'B-ANI' if w in ('cat', 'dog') else 'O'}" for w in words))
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.conll").write_text("-DOCSTART- O\n\n" + "\n\n".join(sentences) + "\n")
+    cfg = tmp_path / "tag.yaml"
+    cfg.write_text(
+        "task: {kind: tagging}\n"
+        f"data: {{dir: {tmp_path}, train: train.conll, valid: dev.conll, max_seq_len: 16}}\n"
+        "model: {init: none, d_model: 16, layers: 1, heads: 2, ffn_dim: 32, max_positions: 16}\n"
+        "vocab: {size: 40}\n"
+        "train: {batch_size: 8, max_steps: 4, eval_every: 4, lr: 0.001, precision: fp32}\n"
+    )
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    assert {"entity_f1", "entity_precision", "entity_recall", "score"} <= set(events(tmp_path / "run", "eval")[-1])
+    best = tmp_path / "run" / "checkpoints" / "last.pt"
+    result = CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "--device", "cpu"], input="the cat sat\n")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:3]] == ["the", "cat", "sat"] and lines[3] == ""
+    assert all(line.split()[1] in ("B-ANI", "O") for line in lines[:3])
+
+
+def test_first_piece_labels():
+    from transformer_cli.bert_tokenizer import BertTokenizer
+    from transformer_cli.finetuned import encode_tagged
+    from transformer_cli.models.losses import IGNORE
+    from transformer_cli.vocab import train_vocab
+
+    vocab = train_vocab(
+        ["the cat sat on a mat"] * 5,
+        30,
+        pad_piece="[PAD]",
+        unk_piece="[UNK]",
+        control_symbols=("[CLS]", "[SEP]", "[MASK]"),
+        bos_eos=False,
+    )
+    tok = BertTokenizer("sentencepiece", vocab.model_bytes)
+    words = ["the", "catsat", "mat"]
+    feats = encode_tagged(tok, [words], [[1, 2, 3]], 64)
+    pieces = tok.encode_words(words)
+    ids, labels, firsts = feats.ids[0], feats.labels[0], feats.first_pieces[0]
+    assert ids == [tok.cls_id, *sum(pieces, []), tok.sep_id]
+    assert firsts == [1, 1 + len(pieces[0]), 1 + len(pieces[0]) + len(pieces[1])]
+    assert [labels[i] for i in firsts] == [1, 2, 3]
+    assert sum(x != IGNORE for x in labels) == 3
+    cut = encode_tagged(tok, [words], [[1, 2, 3]], 4)  # room for 2 pieces: later words are lost, counted
+    assert len(cut.ids[0]) <= 4 and cut.truncated == 1 and cut.words_lost >= 1
+
+
+def test_commands_not_built_for_fine_tuned_checkpoints_say_so(finetuned):
+    best = str(finetuned / "checkpoints" / "best.pt")
+    for args in (
+        ["evaluate", "--checkpoint", best, "--split", "valid"],
+        ["count-params", "--checkpoint", best],
+        ["export-hf", "--checkpoint", best, "--out", str(finetuned.parent / "hf")],
+    ):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "fine-tuned checkpoint" in result.output or "holds a finetune model" in result.output
+        assert result.output.count("\n") == 1

@@ -1,0 +1,145 @@
+"""Fine-tuning from Hugging Face folders: one written by tcli export-hf (its tokenizer.json) and a WordPiece
+vocab.txt BERT built here with transformers (offline); pieces and encoder outputs equal the folder's own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from transformer_cli.cli import app
+from transformer_cli.config import FinetuneRunConfig, load_config
+
+from .conftest import ROOT
+
+transformers = pytest.importorskip("transformers")
+TEXTS = ["The cat sat on the mat.", "A dog ran to the house, quickly!", "unbelievable GARDEN friends"]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    from transformer_cli.config import BertRunConfig
+    from transformer_cli.tasks.bert import pretrain_bert
+
+    out = tmp_path_factory.mktemp("bert")
+    sets = ["model.d_model=32", "model.layers=1", "model.heads=2", "model.ffn_dim=64", "model.max_positions=64"]
+    sets += ["vocab.size=200", "train.max_steps=2", "train.eval_every=2", "train.batch_size=4"]
+    pretrain_bert(
+        load_config(BertRunConfig, ROOT / "configs" / "bert_quickstart.yaml", sets), out / "r", "cpu", quiet=True
+    )
+    return out / "r" / "checkpoints" / "last.pt"
+
+
+@pytest.fixture(scope="module")
+def wordpiece_folder(tmp_path_factory) -> Path:
+    """A random tiny BertModel with a WordPiece vocab.txt (lower-casing), as a published BERT folder is laid out."""
+    folder = tmp_path_factory.mktemp("wp")
+    words = "the cat sat on mat a dog ran to house quick ##ly un ##believ ##able garden friend ##s . , !".split()
+    vocab = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        *words,
+        *"abcdefghijklmnopqrstuvwxyz",
+        *[f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"],
+    ]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    config = transformers.BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(folder)
+    return folder
+
+
+def _cfg(init: Path, data: Path, *extra: str) -> FinetuneRunConfig:
+    sets = [f"model.init={init}", f"data.dir={data}", "data.max_seq_len=32", *extra]
+    return load_config(FinetuneRunConfig, None, sets)
+
+
+def _data(folder: Path) -> Path:
+    folder.mkdir(exist_ok=True)
+    rows = [f"{t}\t{i % 2}" for i, t in enumerate(TEXTS * 4)]
+    for split in ("train", "dev"):
+        (folder / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    return folder
+
+
+def test_wordpiece_folder_tokenises_and_encodes_as_transformers(tmp_path, wordpiece_folder):
+    from transformer_cli.bert_tokenizer import pack
+    from transformer_cli.finetuned import FinetuneMeta, build_classifier
+    from transformer_cli.tasks.finetune_setup import read_labelled, resolve_init
+
+    cfg = _cfg(wordpiece_folder, _data(tmp_path / "d"))
+    source = resolve_init(cfg, read_labelled(cfg))
+    hf_tok = transformers.BertTokenizerFast(str(wordpiece_folder / "vocab.txt"), do_lower_case=True)
+    a, b = source.tokenizer.encode(TEXTS), source.tokenizer.encode(TEXTS[::-1])
+    for i in range(len(TEXTS)):
+        ids, types, _ = pack(a[i], b[i], 64, source.tokenizer.cls_id, source.tokenizer.sep_id)
+        want = hf_tok(TEXTS[i], TEXTS[::-1][i])
+        assert ids == want["input_ids"] and types == want["token_type_ids"]
+    meta = FinetuneMeta("classification", ["0", "1"], source.encoder, source.vocab_size, source.tokenizer, 32)
+    model = build_classifier(meta).eval()
+    model.load_state_dict(source.weights, strict=False)
+    hf = transformers.BertModel.from_pretrained(wordpiece_folder).eval()
+    batch = hf_tok(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        want = hf(**batch)
+        hidden = model.bert.encode(batch["input_ids"], batch["token_type_ids"])
+    mask = batch["attention_mask"].bool()
+    torch.testing.assert_close(hidden[mask], want.last_hidden_state[mask], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(model.bert.pooled(hidden), want.pooler_output, atol=1e-5, rtol=1e-4)
+
+
+def test_export_hf_folder_gives_the_checkpoints_pieces_and_weights(tmp_path, tiny_bert):
+    from transformer_cli.tasks.finetune_setup import read_labelled, resolve_init
+
+    folder = tmp_path / "hf"
+    assert CliRunner().invoke(app, ["export-hf", "--checkpoint", str(tiny_bert), "--out", str(folder)]).exit_code == 0
+    data = _data(tmp_path / "d")
+    from_hf = resolve_init(_cfg(folder, data), read_labelled(_cfg(folder, data)))
+    from_ckpt = resolve_init(_cfg(tiny_bert, data), read_labelled(_cfg(tiny_bert, data)))
+    assert from_hf.tokenizer.kind == "hf" and from_ckpt.tokenizer.kind == "sentencepiece"
+    assert from_hf.tokenizer.encode(TEXTS) == from_ckpt.tokenizer.encode(TEXTS)
+    assert from_hf.weights.keys() == from_ckpt.weights.keys()
+    for name, tensor in from_ckpt.weights.items():
+        assert torch.equal(tensor, from_hf.weights[name]), name
+
+
+def test_finetune_from_a_wordpiece_folder_end_to_end(tmp_path, wordpiece_folder):
+    cfg = tmp_path / "ft.yaml"
+    cfg.write_text(
+        f"model: {{init: {wordpiece_folder}}}\ndata: {{dir: {_data(tmp_path / 'd')}, max_seq_len: 32}}\n"
+        "train: {batch_size: 4, max_steps: 3, eval_every: 3, precision: fp32}\n"
+    )
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["finetune", "--config", str(cfg), "--out", str(run), "--device", "cpu", "-q"])
+    assert result.exit_code == 0, result.output
+    assert (run / "vocab" / "tokenizer.json").is_file()
+    result = CliRunner().invoke(
+        app, ["predict", "--checkpoint", str(run / "checkpoints" / "last.pt"), "--device", "cpu"], input="the cat\n"
+    )
+    assert result.exit_code == 0 and result.stdout.split("\t")[0] in ("0", "1"), result.output
+
+
+def test_a_folder_without_a_tokenizer_is_one_line(tmp_path, wordpiece_folder):
+    folder = tmp_path / "bare"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes((wordpiece_folder / name).read_bytes())
+    cfg = tmp_path / "ft.yaml"
+    cfg.write_text(f"model: {{init: {folder}}}\ndata: {{dir: {_data(tmp_path / 'd')}}}\ntrain: {{max_steps: 1}}\n")
+    result = CliRunner().invoke(app, ["finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 2 and "no tokenizer.json or vocab.txt" in result.output
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,294 @@
+"""Readers of labelled data: each rule of datasets/labeled.py as a property on small files, plus the real GLUE and
+CoNLL-2003 counts when the shared data is present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from transformer_cli.datasets.labeled import (
+    GLUE_TASKS,
+    TaggedSentence,
+    TextExample,
+    check_labels,
+    glue_tasks_in,
+    label_set,
+    read_conll,
+    read_glue,
+    read_plain,
+    read_table,
+)
+from transformer_cli.errors import UserError
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return path
+
+
+def one_line_error(fn, *args, match: str) -> str:
+    with pytest.raises(UserError, match=match) as e:
+        fn(*args)
+    message = str(e.value)
+    assert "\n" not in message, message
+    return message
+
+
+# --- TSV ------------------------------------------------------------------------------------------------------
+
+
+def test_tsv_splits_on_tab_only_and_keeps_quotes(tmp_path):
+    p = write(tmp_path / "a.tsv", 'sentence\tpair\tlabel\nHe said "hi\tand, then\tpos\n"odd" one\tx\tneg\n')
+    got = read_table(p, "sentence", "pair", "label", "classification")
+    assert got == [TextExample('He said "hi', "and, then", "pos", 2), TextExample('"odd" one', "x", "neg", 3)]
+
+
+def test_tsv_bom_crlf_strip_and_blank_lines(tmp_path):
+    p = write(tmp_path / "a.tsv", "\ufefflabel\ttext\r\n1\t  spaced text \r\n\r\n0\tb\r\n")
+    got = read_table(p, "text", None, "label", "classification")
+    assert got == [TextExample("spaced text", None, "1", 2), TextExample("b", None, "0", 4)]
+
+
+def test_tsv_without_labels_and_regression(tmp_path):
+    p = write(tmp_path / "a.tsv", "text\tscore\na\t4.250\nb\t-1e-3\n")
+    assert [e.label for e in read_table(p, "text", None, None, "classification")] == [None, None]
+    assert [e.label for e in read_table(p, "text", None, "score", "regression")] == [4.25, -0.001]
+
+
+def test_tsv_wrong_field_count_names_the_line(tmp_path):
+    p = write(tmp_path / "a.tsv", "text\tlabel\na\t1\nb\t1\textra\n")
+    message = one_line_error(read_table, p, "text", None, "label", "classification", match="3 fields")
+    assert message.startswith(f"{p}:3: ") and "header has 2" in message
+
+
+def test_tsv_empty_text_and_missing_label(tmp_path):
+    p = write(tmp_path / "a.tsv", "text\tlabel\na\t1\n   \t0\n")
+    assert one_line_error(read_table, p, "text", None, "label", "classification", match="empty text").startswith(
+        f"{p}:3: "
+    )
+    p = write(tmp_path / "b.tsv", "text\tlabel\na\t1\nb\t \n")
+    assert one_line_error(read_table, p, "text", None, "label", "classification", match="missing label").startswith(
+        f"{p}:3: "
+    )
+    # Without a label column asked for, the same file reads.
+    assert len(read_table(p, "text", None, None, "classification")) == 2
+
+
+@pytest.mark.parametrize("value", ["high", "nan", "inf", "-inf"])
+def test_regression_label_must_be_a_finite_float(tmp_path, value):
+    p = write(tmp_path / "a.tsv", f"text\tscore\na\t1.0\nb\t{value}\n")
+    message = one_line_error(read_table, p, "text", None, "score", "regression", match="not a finite number")
+    assert message.startswith(f"{p}:3: ")
+
+
+def test_missing_column_names_the_columns_there_are(tmp_path):
+    p = write(tmp_path / "a.tsv", "sentence\tgold\na\t1\n")
+    message = one_line_error(read_table, p, "sentence", None, "label", "classification", match="no column 'label'")
+    assert str(p) in message and "'sentence', 'gold'" in message
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    p = write(tmp_path / "a.tsv", b"text\tlabel\na\t1\nb\xff\t0\n")
+    message = one_line_error(read_table, p, "text", None, "label", "classification", match="invalid UTF-8")
+    assert str(p) in message and "line 3" in message
+    p = write(tmp_path / "a.csv", b"text,label\na,1\nb\xff,0\n")
+    assert "line 3" in one_line_error(read_table, p, "text", None, "label", "classification", match="invalid UTF-8")
+
+
+@pytest.mark.parametrize("name,content", [("a.tsv", ""), ("b.tsv", "text\tlabel\n"), ("c.csv", "text,label\n")])
+def test_a_file_without_examples_is_an_error(tmp_path, name, content):
+    p = write(tmp_path / name, content)
+    assert str(p) in one_line_error(read_table, p, "text", None, "label", "classification", match="no examples")
+
+
+def test_unknown_suffix_names_the_formats(tmp_path):
+    p = write(tmp_path / "a.xlsx", "x")
+    message = one_line_error(read_table, p, "text", None, None, "classification", match="unknown table format")
+    assert ".tsv, .csv, .jsonl, .json" in message
+
+
+# --- CSV and JSONL --------------------------------------------------------------------------------------------
+
+
+def test_csv_quoting_and_embedded_newline_report_the_starting_line(tmp_path):
+    p = write(tmp_path / "a.csv", 'text,label\n"one, with comma",a\n"two\nlines ""quoted""",b\nthree,c\n')
+    got = read_table(p, "text", None, "label", "classification")
+    assert got == [
+        TextExample("one, with comma", None, "a", 2),
+        TextExample('two\nlines "quoted"', None, "b", 3),
+        TextExample("three", None, "c", 5),
+    ]
+    p = write(tmp_path / "b.csv", 'text,label\n"multi\nline",a,extra\n')
+    assert one_line_error(read_table, p, "text", None, "label", "classification", match="3 fields").startswith(
+        f"{p}:2: "
+    )
+
+
+def test_csv_bom_and_crlf(tmp_path):
+    p = write(tmp_path / "a.csv", "\ufefftext,label\r\nx,1\r\n")
+    assert read_table(p, "text", None, "label", "classification") == [TextExample("x", None, "1", 2)]
+
+
+def test_jsonl_reads_keys_and_skips_blank_lines(tmp_path):
+    p = write(
+        tmp_path / "a.jsonl",
+        '{"premise": "a", "hypothesis": "b", "label": "yes"}\n\n{"premise": " c ", "hypothesis": "d", "label": 2}\n',
+    )
+    got = read_table(p, "premise", "hypothesis", "label", "classification")
+    assert got == [TextExample("a", "b", "yes", 1), TextExample("c", "d", "2", 3)]
+    p = write(tmp_path / "r.json", '{"t": "a", "y": 0.5}\n{"t": "b", "y": "2"}\n')
+    assert [e.label for e in read_table(p, "t", None, "y", "regression")] == [0.5, 2.0]
+
+
+@pytest.mark.parametrize(
+    "line,match",
+    [
+        ("[1, 2]", "not a JSON object"),
+        ("{not json", "not a JSON object"),
+        ('{"label": "x"}', "no key 'text'"),
+        ('{"text": 5, "label": "x"}', "not a string"),
+        ('{"text": "", "label": "x"}', "empty text"),
+        ('{"text": "a", "label": null}', "missing label"),
+        ('{"text": "a", "label": true}', "should be a string or an integer"),
+    ],
+)
+def test_jsonl_errors_name_the_line(tmp_path, line, match):
+    p = write(tmp_path / "a.jsonl", '{"text": "ok", "label": "x"}\n' + line + "\n")
+    assert one_line_error(read_table, p, "text", None, "label", "classification", match=match).startswith(f"{p}:2: ")
+
+
+# --- labels ---------------------------------------------------------------------------------------------------
+
+
+def test_label_set_and_check_labels(tmp_path):
+    train = [TextExample("a", None, "neg", 1), TextExample("b", None, "pos", 2), TextExample("c", None, "neg", 3)]
+    labels = label_set(train, tmp_path / "train.tsv")
+    assert labels == ("neg", "pos")
+    assert label_set([TextExample("a", None, s, 1) for s in ("10", "2", "1")], tmp_path) == ("1", "2", "10")
+    dev = [TextExample("a", None, "pos", 2), TextExample("b", None, "neutral", 7)]
+    message = one_line_error(check_labels, dev, labels, tmp_path / "dev.tsv", match="'neutral'")
+    assert message.startswith(f"{tmp_path / 'dev.tsv'}:7: ") and "'neg', 'pos'" in message
+    check_labels([TextExample("a", None, None, 1)], labels, tmp_path)  # unlabelled passes
+    one_line_error(label_set, [TextExample("a", None, None, 4)], tmp_path / "t.tsv", match=r"t\.tsv:4: no label")
+    one_line_error(label_set, [], tmp_path / "t.tsv", match="no examples")
+
+
+def test_label_set_and_check_of_tags(tmp_path):
+    train = [TaggedSentence(("a", "b"), ("B-PER", "O"), 1), TaggedSentence(("c",), ("B-LOC",), 4)]
+    assert label_set(train, tmp_path) == ("B-LOC", "B-PER", "O")
+    dev = [TaggedSentence(("x", "y"), ("O", "I-MISC"), 9)]
+    assert one_line_error(check_labels, dev, ("O", "B-PER"), tmp_path / "d", match="'I-MISC'").startswith(
+        f"{tmp_path / 'd'}:9: "
+    )
+
+
+# --- CoNLL and plain text -------------------------------------------------------------------------------------
+
+
+def test_conll_docstart_blank_lines_word_first_tag_last(tmp_path):
+    p = write(
+        tmp_path / "a.txt",
+        "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n\nPeter NNP B-NP B-PER\n"
+        "-DOCSTART- -X- -X- O\n\nBlackburn\tNNP\tI-NP\tI-PER\r\n",
+    )
+    assert read_conll(p) == [
+        TaggedSentence(("EU", "rejects"), ("B-ORG", "O"), 3),
+        TaggedSentence(("Peter",), ("B-PER",), 7),
+        TaggedSentence(("Blackburn",), ("I-PER",), 10),
+    ]
+
+
+def test_conll_words_only_and_mixed(tmp_path):
+    p = write(tmp_path / "a.txt", "Hello\nworld\n\nBye\n")
+    assert read_conll(p) == [TaggedSentence(("Hello", "world"), None, 1), TaggedSentence(("Bye",), None, 4)]
+    p = write(tmp_path / "b.txt", "Hello O\nworld O\n\nBye\n")
+    assert one_line_error(read_conll, p, match="no tag").startswith(f"{p}:4: ")
+    p = write(tmp_path / "c.txt", "Hello\nworld O\n")
+    assert one_line_error(read_conll, p, match="has a tag").startswith(f"{p}:2: ")
+
+
+def test_conll_empty_file(tmp_path):
+    p = write(tmp_path / "a.txt", "-DOCSTART- O\n\n\n")
+    one_line_error(read_conll, p, match="no sentences")
+
+
+def test_plain_one_text_per_line_and_empty_lines_are_errors(tmp_path):
+    p = write(tmp_path / "a.txt", "first text\r\n second\t with tab \n")
+    assert read_plain(p) == [TextExample("first text", None, None, 1), TextExample("second\t with tab", None, None, 2)]
+    p = write(tmp_path / "b.txt", "a\n  \nb\n")
+    assert one_line_error(read_plain, p, match="empty line").startswith(f"{p}:2: ")
+    one_line_error(read_plain, write(tmp_path / "c.txt", ""), match="empty file")
+
+
+# --- GLUE -----------------------------------------------------------------------------------------------------
+
+
+def test_glue_tasks_table():
+    assert list(GLUE_TASKS) == ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
+    assert GLUE_TASKS["mnli"].labels == ("contradiction", "entailment", "neutral")
+    assert GLUE_TASKS["mnli"].dev_splits == ("dev_matched", "dev_mismatched")
+    assert GLUE_TASKS["stsb"].kind == "regression" and GLUE_TASKS["stsb"].labels is None
+    assert not GLUE_TASKS["cola"].header and GLUE_TASKS["cola"].text == 3 and GLUE_TASKS["cola"].label == 1
+    for t in GLUE_TASKS.values():
+        assert (t.labels is None) == (t.kind == "regression")
+
+
+def test_read_glue_on_small_folders(tmp_path):
+    write_dir = tmp_path / "CoLA"
+    write_dir.mkdir()
+    write(write_dir / "train.tsv", "gj04\t1\t\tGood one.\ngj04\t0\t*\tBad one .\n")
+    write(write_dir / "dev.tsv", 'gj04\t1\t\tDev "quoted.\n')
+    (tmp_path / "MNLI").mkdir()
+    header = "index\tsentence1\tsentence2\tgold_label\n"
+    write(tmp_path / "MNLI" / "train.tsv", header + "0\ta\tb\tneutral\n")
+    write(tmp_path / "MNLI" / "dev_mismatched.tsv", header + "0\ta\tb\tmaybe\n")
+    (tmp_path / "RTE").mkdir()  # no train.tsv: not listed
+    assert glue_tasks_in(tmp_path) == ["cola", "mnli"]
+    assert read_glue(tmp_path, "cola", "train") == [
+        TextExample("Good one.", None, "1", 1),
+        TextExample("Bad one .", None, "0", 2),
+    ]
+    assert read_glue(tmp_path, "cola", "dev")[0].text == 'Dev "quoted.'
+    assert read_glue(tmp_path, "mnli", "train") == [TextExample("a", "b", "neutral", 2)]
+    assert one_line_error(read_glue, tmp_path, "mnli", "dev_mismatched", match="'maybe'").startswith(
+        f"{tmp_path / 'MNLI' / 'dev_mismatched.tsv'}:2: "
+    )
+    one_line_error(read_glue, tmp_path, "mnli", "dev", match="no split 'dev'")
+    one_line_error(read_glue, tmp_path, "mnli", "dev_matched", match="not found")
+    one_line_error(read_glue, tmp_path, "squad", "train", match="unknown GLUE task")
+
+
+GLUE_COUNTS = {
+    "cola": (8551, 1043),
+    "sst2": (67349, 872),
+    "mrpc": (3668, 408),
+    "stsb": (5749, 1500),
+    "rte": (2490, 277),
+    "wnli": (635, 71),
+}
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "glue").is_dir(), reason=f"shared GLUE data not present at {SHARED_DATA}")
+def test_real_glue_counts():
+    glue = SHARED_DATA / "glue"
+    assert glue_tasks_in(glue) == list(GLUE_COUNTS)
+    for task, counts in GLUE_COUNTS.items():
+        train, dev = read_glue(glue, task, "train"), read_glue(glue, task, "dev")
+        assert (len(train), len(dev)) == counts, task
+        if GLUE_TASKS[task].labels is not None:
+            assert label_set(train, glue) == GLUE_TASKS[task].labels
+        assert all((e.pair is None) == (GLUE_TASKS[task].pair is None) for e in train)
+    # MRPC's BOM is dropped from its header, and texts keep their quote characters.
+    assert any('"' in e.text for e in read_glue(glue, "mrpc", "train"))
+    assert all(0.0 <= e.label <= 5.0 for e in read_glue(glue, "stsb", "dev"))
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "conll2003").is_dir(), reason=f"shared CoNLL-2003 not present at {SHARED_DATA}")
+def test_real_conll2003_counts():
+    for name, sentences, tokens in (("train.txt", 14041, 203621), ("valid.txt", 3250, 51362)):
+        got = read_conll(SHARED_DATA / "conll2003" / name)
+        assert (len(got), sum(len(s.words) for s in got)) == (sentences, tokens), name
+        assert len(label_set(got, SHARED_DATA)) == 9

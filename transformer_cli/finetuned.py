@@ -1,0 +1,283 @@
+"""What training and inference share about a fine-tuned BERT: its checkpoint metadata (task kind, labels,
+encoder sizes, tokenizer), the model it describes, examples -> padded batches, and predictions.
+
+`tcli finetune` writes with it; `predict`, `evaluate`, `export-hf` and `count-params` read with it. Nothing
+here imports the training modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from transformer_cli.bert_tokenizer import BertTokenizer, pack
+from transformer_cli.config import BertModelConfig
+from transformer_cli.errors import UserError
+from transformer_cli.models.losses import IGNORE
+
+# ----------------------------------------------------------------------------- the checkpoint's metadata
+
+
+@dataclass
+class FinetuneMeta:
+    """Stored in every fine-tuned checkpoint under "finetune"."""
+
+    kind: str  # classification | regression | tagging
+    labels: list[str]  # the label set, in id order (empty for regression)
+    encoder: BertModelConfig  # resolved sizes of the encoder
+    vocab_size: int  # rows of the token embedding (an HF model may have more than its tokenizer's tokens)
+    tokenizer: BertTokenizer
+    max_seq_len: int
+    classifier_dropout: float = 0.1
+
+    @property
+    def outputs(self) -> int:
+        return 1 if self.kind == "regression" else len(self.labels)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "labels": list(self.labels),
+            "encoder": self.encoder.model_dump(mode="json"),
+            "vocab_size": self.vocab_size,
+            "tokenizer": self.tokenizer.state(),
+            "max_seq_len": self.max_seq_len,
+            "classifier_dropout": self.classifier_dropout,
+        }
+
+    @classmethod
+    def from_state(cls, state: Any, source: str) -> FinetuneMeta:
+        if not isinstance(state, dict) or state.get("kind") not in ("classification", "regression", "tagging"):
+            raise UserError(f"{source}: the fine-tuning metadata is missing or damaged")
+        labels = state.get("labels")
+        if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+            raise UserError(f"{source}: the stored label set is damaged")
+        from transformer_cli.config import build_config
+
+        encoder = build_config(BertModelConfig, state.get("encoder") or {}, f"the encoder config stored in {source}")
+        tokenizer = BertTokenizer.from_state(state.get("tokenizer"), source)
+        return cls(
+            state["kind"],
+            labels,
+            encoder,
+            int(state.get("vocab_size", len(tokenizer))),
+            tokenizer,
+            int(state.get("max_seq_len", 128)),
+            float(state.get("classifier_dropout", 0.1)),
+        )
+
+
+def build_classifier(meta: FinetuneMeta) -> nn.Module:
+    """The encoder (without pretraining heads) and the task's head, from the metadata alone."""
+    from transformer_cli.models.bert import Bert
+    from transformer_cli.models.heads import BertClassifier
+
+    e = meta.encoder
+    if e.d_model % e.heads:
+        raise ValueError(f"d_model ({e.d_model}) must be divisible by heads ({e.heads})")
+    encoder = Bert(
+        vocab_size=meta.vocab_size,
+        d_model=e.d_model,
+        layers=e.layers,
+        heads=e.heads,
+        ffn_dim=e.ffn_dim,
+        max_positions=e.max_positions,
+        dropout=e.dropout,
+        attention_dropout=e.attention_dropout,
+        pad_id=meta.tokenizer.pad_id,
+        pretraining_heads=False,
+    )
+    return BertClassifier(encoder, meta.kind, meta.outputs, meta.classifier_dropout)
+
+
+# ----------------------------------------------------------------------------- examples -> features
+
+
+@dataclass
+class Features:
+    """Encoded examples: ids and token types per example, its label (a class id, a float, or per-position tags
+    with IGNORE), and, for tagging, the position of each word's first piece."""
+
+    ids: list[list[int]] = field(default_factory=list)
+    types: list[list[int]] = field(default_factory=list)
+    labels: list[Any] = field(default_factory=list)
+    first_pieces: list[list[int]] = field(default_factory=list)
+    truncated: int = 0  # examples cut to max_seq_len
+    words_lost: int = 0  # tagging: words cut off with them (predicted as the first label, scored as wrong)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def encode_texts(
+    tokenizer: BertTokenizer,
+    texts: Sequence[str],
+    pairs: Sequence[str] | None,
+    labels: Sequence[Any] | None,
+    max_len: int,
+) -> Features:
+    """`[CLS] a [SEP] (b [SEP])` for each example, cut to `max_len` (longest side first)."""
+    a_ids = tokenizer.encode(list(texts))
+    b_ids = tokenizer.encode(list(pairs)) if pairs is not None else [None] * len(a_ids)
+    out = Features()
+    for i, (a, b) in enumerate(zip(a_ids, b_ids)):
+        ids, types, cut = pack(a, b, max_len, tokenizer.cls_id, tokenizer.sep_id)
+        out.ids.append(ids)
+        out.types.append(types)
+        out.labels.append(labels[i] if labels is not None else None)
+        out.truncated += cut
+    return out
+
+
+def encode_tagged(
+    tokenizer: BertTokenizer, sentences: Sequence[Sequence[str]], tags: Sequence[Sequence[int]] | None, max_len: int
+) -> Features:
+    """`[CLS] pieces [SEP]` for each sentence; a word's tag sits at its first piece, IGNORE elsewhere."""
+    out = Features()
+    for i, words in enumerate(sentences):
+        ids, labels, firsts = [tokenizer.cls_id], [IGNORE], []
+        for j, pieces in enumerate(tokenizer.encode_words(list(words))):
+            if len(ids) + len(pieces) > max_len - 1:
+                pieces = pieces[: max(0, max_len - 1 - len(ids))]
+                if not pieces:
+                    break
+            firsts.append(len(ids))
+            ids += pieces
+            labels += [tags[i][j] if tags is not None else IGNORE] + [IGNORE] * (len(pieces) - 1)
+        if len(firsts) < len(words) or len(ids) + 1 > max_len:
+            out.truncated += 1
+            out.words_lost += len(words) - len(firsts)
+        ids, labels = ids[: max_len - 1] + [tokenizer.sep_id], labels[: max_len - 1] + [IGNORE]
+        out.ids.append(ids)
+        out.types.append([0] * len(ids))
+        out.labels.append(labels)
+        out.first_pieces.append(firsts)
+    return out
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+@dataclass
+class ClassifierBatch:
+    input_ids: Tensor  # (B, T)
+    segment_ids: Tensor  # (B, T)
+    labels: Tensor | None  # (B,) or (B, T)
+    items: int  # labelled items: sequences, or first pieces for tagging
+    real_tokens: int
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"items": self.items}
+
+    @property
+    def throughput_tokens(self) -> int:
+        return self.real_tokens
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.size(0)
+
+    def shard(self, rank: int, world: int) -> ClassifierBatch | None:
+        """Rows rank, rank + world, ... of a global batch; None if there are none."""
+        if world == 1:
+            return self
+        ids = self.input_ids[rank::world]
+        if ids.size(0) == 0:
+            return None
+        labels = self.labels[rank::world] if self.labels is not None else None
+        items = ids.size(0) if labels is None or labels.dim() == 1 else int(labels.ne(IGNORE).sum())
+        return ClassifierBatch(ids, self.segment_ids[rank::world], labels, items, int(ids.ne(0).sum()))
+
+    def to(self, device: torch.device) -> ClassifierBatch:
+        nb = device.type == "cuda"
+        labels = self.labels.to(device, non_blocking=nb) if self.labels is not None else None
+        return ClassifierBatch(
+            self.input_ids.to(device, non_blocking=nb),
+            self.segment_ids.to(device, non_blocking=nb),
+            labels,
+            self.items,
+            self.real_tokens,
+        )
+
+
+def collate(
+    features: Features, rows: Sequence[int], pad_id: int, kind: str, length: int | None = None
+) -> ClassifierBatch:
+    """Rows of `features` padded to the longest of them (or to `length`)."""
+    T = length or max(len(features.ids[r]) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    types = torch.zeros((len(rows), T), dtype=torch.long)
+    tagged = kind == "tagging"
+    labels = torch.full((len(rows), T), IGNORE, dtype=torch.long) if tagged else None
+    values: list[Any] = []
+    for i, r in enumerate(rows):
+        n = len(features.ids[r])
+        ids[i, :n] = torch.tensor(features.ids[r])
+        types[i, :n] = torch.tensor(features.types[r])
+        if tagged:
+            labels[i, :n] = torch.tensor(features.labels[r])
+        else:
+            values.append(features.labels[r])
+    if not tagged and values and values[0] is not None:
+        labels = torch.tensor(values, dtype=torch.float32 if kind == "regression" else torch.long)
+    items = int(labels.ne(IGNORE).sum()) if tagged else len(rows)
+    return ClassifierBatch(ids, types, labels, items, int(sum(len(features.ids[r]) for r in rows)))
+
+
+def length_order(features: Features, max_tokens_rows: int) -> list[list[int]]:
+    """Inference batches of `max_tokens_rows` rows in length order (little padding), no shuffling."""
+    order = sorted(range(len(features)), key=lambda i: len(features.ids[i]))
+    return [order[i : i + max_tokens_rows] for i in range(0, len(order), max_tokens_rows)]
+
+
+# ----------------------------------------------------------------------------- predictions
+
+
+@torch.inference_mode()
+def predict_logits(
+    model: nn.Module,
+    features: Features,
+    batches: Iterable[list[int]],
+    pad_id: int,
+    kind: str,
+    device: torch.device,
+    context: Callable,
+) -> list[Tensor]:
+    """The float32 logits of every example, in the examples' order: (C,), (1,) or, for tagging, (words, C)."""
+    was_training = model.training
+    model.eval()
+    out: list[Tensor | None] = [None] * len(features)
+    for rows in batches:
+        batch = collate(features, rows, pad_id, kind)
+        with context():
+            logits = model(batch.input_ids.to(device), batch.segment_ids.to(device))
+        logits = logits.float().cpu()
+        for i, r in enumerate(rows):
+            out[r] = logits[i, features.first_pieces[r]] if kind == "tagging" else logits[i]
+    model.train(was_training)
+    return out  # type: ignore[return-value]
+
+
+def decide(kind: str, logits: list[Tensor]) -> tuple[list[Any], list[float]]:
+    """(predictions, confidence): class ids and their softmax probability; the regression score (twice);
+    for tagging, per-word tag ids and the sentence's mean probability."""
+    preds: list[Any] = []
+    probs: list[float] = []
+    for row in logits:
+        if kind == "regression":
+            preds.append(float(row[0]))
+            probs.append(float(row[0]))
+        elif kind == "tagging":
+            p = row.softmax(-1)
+            preds.append(p.argmax(-1).tolist())
+            probs.append(float(p.max(-1).values.mean()) if p.numel() else 1.0)
+        else:
+            p = row.softmax(-1)
+            preds.append(int(p.argmax()))
+            probs.append(float(p.max()))
+    return preds, probs

@@ -1,0 +1,67 @@
+"""Fine-tuning heads on a pretrained BERT encoder (Devlin et al., 2019, section 4).
+
+Sequence classification and regression read the pooled `[CLS]` vector: tanh(W h_[CLS] + b) (the pooler NSP
+trained), then dropout and one linear layer to the labels (or to one output for regression). Tagging reads
+every position's hidden state through dropout and a linear layer; only each word's first piece carries a
+label (the others are IGNORE). Parameter names follow HF's BertForSequenceClassification and
+BertForTokenClassification: `bert.*` for the encoder, `classifier.*` for the head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer_cli.models.bert import Bert
+from transformer_cli.models.losses import IGNORE
+
+KINDS = ("classification", "regression", "tagging")
+
+
+@dataclass
+class HeadLoss:
+    """A sum over the labelled items of a batch (sequences, or first pieces for tagging); the trainer
+    normalises by their count over the global batch."""
+
+    loss: Tensor
+    logits: Tensor  # (B, C), (B, 1) or (B, T, C)
+
+
+class BertClassifier(nn.Module):
+    """A BERT encoder (no pretraining heads) with a classification, regression or tagging head."""
+
+    def __init__(self, encoder: Bert, kind: str, outputs: int, dropout: float = 0.1):
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"unknown head kind {kind!r}; expected one of {', '.join(KINDS)}")
+        self.kind = kind
+        self.bert = encoder
+        d_model = encoder.pooler.in_features
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(d_model, outputs)
+        nn.init.normal_(self.classifier.weight, std=0.02)  # BERT's initialisation, as for every new matrix
+        nn.init.zeros_(self.classifier.bias)
+
+    def forward(self, input_ids: Tensor, segment_ids: Tensor, labels: Tensor | None = None) -> Tensor | HeadLoss:
+        """(B, T) ids and segments -> logits; with labels, the summed loss as well.
+
+        labels: (B,) class ids, (B,) float targets for regression, or (B, T) tags with IGNORE at the positions
+        that carry none (special tokens, padding, a word's later pieces).
+        """
+        hidden = self.bert.encode(input_ids, segment_ids)  # (B, T, d)
+        if self.kind == "tagging":
+            logits = self.classifier(self.dropout(hidden))  # (B, T, C)
+        else:
+            logits = self.classifier(self.dropout(self.bert.pooled(hidden)))  # (B, C)
+        if labels is None:
+            return logits
+        if self.kind == "regression":
+            loss = F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction="sum")
+        elif self.kind == "tagging":
+            flat = logits.float().reshape(-1, logits.size(-1))  # (B*T, C)
+            loss = F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE, reduction="sum")
+        else:
+            loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+        return HeadLoss(loss, logits)

@@ -1,0 +1,125 @@
+"""`tcli predict`: a fine-tuned checkpoint's labels (and their probability), scores, or tags for new text.
+
+Input: a table (.tsv, .csv, .jsonl with the columns the model was trained on), a CoNLL file (.conll, tagging),
+or plain lines (a file or stdin): one text per line, `a<TAB>b` for a pair model, words separated by spaces for
+a tagger. Plain lines stream like `tcli translate`: each chunk's predictions are written before the next chunk
+is read. Output: `label<TAB>probability` or the score, one line per input; for tagging one `word tag` line per
+word and a blank line after each sentence.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from transformer_cli.checkpoint import read_checkpoint
+from transformer_cli.datasets.labeled import GLUE_TASKS, TaggedSentence, TextExample, read_conll, read_table
+from transformer_cli.errors import UserError
+from transformer_cli.finetuned import FinetuneMeta, decide, encode_tagged, encode_texts, length_order, predict_logits
+from transformer_cli.translate import _open_input, _writer, check_writable, chunks
+
+TABLES = (".tsv", ".csv", ".jsonl", ".json")
+ROWS = 64  # examples per forward pass
+
+
+class Predictor:
+    """A fine-tuned model on a device, turning examples into output lines."""
+
+    def __init__(self, checkpoint: Path, device: str = "auto", precision: str = "fp32"):
+        from transformer_cli.train.runtime import Runtime  # device and autocast only (as translate)
+
+        ckpt = read_checkpoint(checkpoint, kind="finetune")
+        self.cfg, self.meta = ckpt.cfg, ckpt.finetune
+        self.runtime = Runtime.create(device, precision)
+        self.model = ckpt.build_model().to(self.runtime.device).eval()
+
+    def columns(self) -> tuple[str, str | None]:
+        """The text (and pair) columns the model was trained on."""
+        d, glue = self.cfg.data, self.cfg.task.glue
+        if glue is not None:
+            from transformer_cli.tasks.finetune_setup import glue_key
+
+            t = GLUE_TASKS[glue_key(glue)]
+            text = t.text if isinstance(t.text, str) else "sentence"
+            return text, t.pair if isinstance(t.pair, str) else None
+        return d.text, d.pair
+
+    def lines(self, examples: list[Any]) -> list[str]:
+        """Output lines for a chunk of examples (TextExample or TaggedSentence)."""
+        meta = self.meta
+        if meta.kind == "tagging":
+            feats = encode_tagged(meta.tokenizer, [ex.words for ex in examples], None, meta.max_seq_len)
+        else:
+            pairs = [ex.pair or "" for ex in examples] if self.columns()[1] is not None else None
+            feats = encode_texts(meta.tokenizer, [ex.text for ex in examples], pairs, None, meta.max_seq_len)
+        logits = predict_logits(
+            self.model,
+            feats,
+            length_order(feats, ROWS),
+            meta.tokenizer.pad_id,
+            meta.kind,
+            self.runtime.device,
+            self.runtime.context,
+        )
+        preds, probs = decide(meta.kind, logits)
+        return [format_prediction(meta, ex, p, q) for ex, p, q in zip(examples, preds, probs)]
+
+
+def format_prediction(meta: FinetuneMeta, example: Any, pred: Any, prob: float) -> str:
+    if meta.kind == "regression":
+        return f"{pred:.6g}\n"
+    if meta.kind == "tagging":
+        tags = [meta.labels[i] for i in pred] + ["O"] * (len(example.words) - len(pred))  # cut off: O
+        return "".join(f"{w} {t}\n" for w, t in zip(example.words, tags)) + "\n"
+    return f"{meta.labels[pred]}\t{prob:.4f}\n"
+
+
+def _plain(line: str, number: int, pair_model: bool, tagging: bool, name: str) -> TextExample | TaggedSentence:
+    text = line.strip()
+    if not text:
+        raise UserError(f"{name}:{number}: empty line; predict writes one output per input line, so give a text")
+    if tagging:
+        return TaggedSentence(tuple(text.split()), None, number)
+    if pair_model:
+        a, sep, b = line.partition("\t")
+        if not sep or not a.strip() or not b.strip():
+            raise UserError(f"{name}:{number}: this model reads pairs: give 'first text<TAB>second text'")
+        return TextExample(a.strip(), b.strip(), None, number)
+    return TextExample(text, None, None, number)
+
+
+def run_predict(
+    checkpoint: Path, input_path: Path | None, output: Path | None, device: str = "auto", precision: str = "fp32"
+) -> int:
+    """Predict for every example of the input; returns how many were written."""
+    check_writable(output, "--output")
+    suffix = input_path.suffix.lower() if input_path is not None else ""
+    with ExitStack() as stack:
+        predictor = Predictor(checkpoint, device, precision)
+        tagging = predictor.meta.kind == "tagging"
+        write = _writer(output, stack)
+        if suffix in TABLES and not tagging:
+            text, pair = predictor.columns()
+            kind = "regression" if predictor.meta.kind == "regression" else "classification"
+            return _write_all(predictor, [read_table(input_path, text, pair, None, kind)], write)
+        if suffix == ".conll" and tagging:
+            return _write_all(predictor, [read_conll(input_path)], write)
+        lines = stack.enter_context(_open_input(input_path, sys.stdin))
+        name, pair_model = str(input_path or "<stdin>"), predictor.columns()[1] is not None
+        number = 0
+        for chunk in chunks(lines):  # written before the next chunk is read
+            examples = [_plain(line, number + i + 1, pair_model, tagging, name) for i, line in enumerate(chunk)]
+            number += _write_all(predictor, [examples], write)
+        return number
+
+
+def _write_all(predictor: Predictor, groups: Iterable[list[Any]], write: Callable[[str], None]) -> int:
+    done = 0
+    for examples in groups:
+        for start in range(0, len(examples), 1024):
+            write("".join(predictor.lines(examples[start : start + 1024])))
+        done += len(examples)
+    return done

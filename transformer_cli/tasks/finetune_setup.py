@@ -1,0 +1,296 @@
+"""What a fine-tuning run reads before anything is written: its labelled data (a GLUE folder, a table, CoNLL
+files), the label set, and the starting encoder (`model.init`: a tcli BERT checkpoint, a Hugging Face BERT
+folder with its own tokenizer, or none). Every problem is a one-line UserError, raised here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from transformer_cli.config import BertModelConfig, FinetuneRunConfig
+from transformer_cli.datasets.labeled import (
+    GLUE_TASKS,
+    TaggedSentence,
+    TextExample,
+    check_labels,
+    label_set,
+    read_conll,
+    read_glue,
+    read_table,
+)
+from transformer_cli.errors import UserError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from transformer_cli.bert_tokenizer import BertTokenizer
+
+DEFAULT_METRICS = {
+    "classification": ("accuracy",),
+    "regression": ("pearson", "spearman"),
+    "tagging": ("entity_f1", "entity_precision", "entity_recall"),
+}
+
+
+def glue_key(name: str) -> str:
+    """ "SST-2", "sst2", "STS-B" -> the GLUE_TASKS key; an unknown name is a one-line error."""
+    key = name.lower().replace("-", "").replace("_", "")
+    if key not in GLUE_TASKS:
+        raise UserError(f"task.glue: unknown GLUE task {name!r}; the tasks are {', '.join(GLUE_TASKS)}")
+    return key
+
+
+@dataclass
+class LabelledData:
+    """The training and validation examples of a run, and what scores them."""
+
+    kind: str
+    train: list[TextExample] | list[TaggedSentence]
+    valid: list[TextExample] | list[TaggedSentence]
+    labels: tuple[str, ...]  # label ids are positions here; () for regression
+    metrics: tuple[str, ...]
+    files: list[Path]  # the training file(s): their hash is the data fingerprint
+    valid_path: Path
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        for path in self.files:
+            h.update(path.read_bytes())
+        return h.hexdigest()
+
+
+def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
+    """The run's examples, label set (from training; GLUE's own order for GLUE tasks) and metrics."""
+    d, t = cfg.data, cfg.task
+    if t.glue is not None:
+        g = GLUE_TASKS[glue_key(t.glue)]
+        if t.kind != g.kind:
+            raise UserError(f"task.glue {t.glue} is a {g.kind} task, but task.kind is {t.kind}; set task.kind={g.kind}")
+        valid_split = g.dev_splits[0]
+        train, valid = read_glue(Path(d.dir), g.name, "train"), read_glue(Path(d.dir), g.name, valid_split)
+        files = [Path(d.dir) / g.folder / "train.tsv"]
+        labels, metrics = g.labels or (), g.metrics
+        valid_path = Path(d.dir) / g.folder / f"{valid_split}.tsv"
+    else:
+        paths = [Path(d.dir) / d.train, Path(d.dir) / d.valid]
+        for path in paths:
+            if not path.is_file():
+                raise UserError(f"data: {path} not found (data.dir {d.dir!r} and data.train / data.valid)")
+        conll = d.format == "conll" or (d.format == "auto" and paths[0].suffix.lower() in (".txt", ".conll"))
+        if (t.kind == "tagging") != conll:
+            raise UserError(
+                f"task.kind {t.kind} reads {'CoNLL files' if t.kind == 'tagging' else 'tables'}, but "
+                f"{paths[0]} is read as {'CoNLL' if conll else 'a table'}; set data.format or task.kind"
+            )
+        if conll:
+            train, valid = read_conll(paths[0]), read_conll(paths[1])
+            for ex, path in ((train, paths[0]), (valid, paths[1])):
+                unlabelled = next((s for s in ex if s.tags is None), None)
+                if unlabelled is not None:
+                    raise UserError(f"{path}:{unlabelled.line}: no tags; training and validation need a tag per word")
+        else:
+            train, valid = (_table(p, d, t.kind) for p in paths)
+        files, valid_path = [paths[0]], paths[1]
+        labels = label_set(train, paths[0]) if t.kind != "regression" else ()
+        metrics = DEFAULT_METRICS[t.kind]
+    if labels:
+        check_labels(valid, labels, valid_path)
+    if t.kind == "classification" and len(labels) < 2:
+        raise UserError(f"{files[0]}: every training example has the label {labels[0]!r}; a classifier needs two")
+    return LabelledData(t.kind, train, valid, tuple(labels), tuple(t.metrics or metrics), files, valid_path)
+
+
+def _table(path: Path, d: Any, kind: str) -> list[TextExample]:
+    if d.format not in ("auto", path.suffix.lower().lstrip(".")) and not (
+        d.format == "jsonl" and path.suffix == ".json"
+    ):
+        raise UserError(
+            f"data.format is {d.format} but {path} has the suffix {path.suffix}; rename it or fix data.format"
+        )
+    return read_table(path, d.text, d.pair, d.label, kind)
+
+
+# ----------------------------------------------------------------------------- the starting encoder
+
+
+@dataclass
+class InitSource:
+    """The encoder to start from: its sizes, tokenizer and weights (BertClassifier names, `bert.*`; None for
+    random weights)."""
+
+    encoder: BertModelConfig
+    vocab_size: int
+    tokenizer: BertTokenizer
+    weights: dict[str, Tensor] | None
+    description: str
+
+
+_HEADS = ("nsp_head.", "mlm_dense.", "mlm_norm.", "mlm_bias")
+
+
+def _with_dropout(encoder: BertModelConfig, cfg: FinetuneRunConfig) -> BertModelConfig:
+    m = cfg.model
+    update = {k: getattr(m, k) for k in ("dropout", "attention_dropout") if getattr(m, k) is not None}
+    return encoder.model_copy(update=update)
+
+
+def resolve_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
+    """`model.init`: a tcli BERT checkpoint (a file), a Hugging Face folder, or none."""
+    init = cfg.model.init
+    if init.lower() == "none":
+        return _random_init(cfg, data)
+    path = Path(init)
+    if path.is_dir():
+        return _hf_init(path, cfg)
+    if not path.exists():
+        raise UserError(f"model.init: {path} not found (a tcli BERT checkpoint, a Hugging Face BERT folder, or none)")
+    from transformer_cli.bert_tokenizer import BertTokenizer
+    from transformer_cli.checkpoint import read_checkpoint
+
+    ckpt = read_checkpoint(path, kind="bert")
+    ckpt.build_model()  # checks every tensor's name, shape and finiteness
+    weights = {f"bert.{k}": v for k, v in ckpt.weights.items() if not k.startswith(_HEADS)}
+    vocab = ckpt.vocabs[0]
+    tokenizer = BertTokenizer("sentencepiece", vocab.model_bytes, str(path))
+    return InitSource(_with_dropout(ckpt.cfg.model, cfg), len(vocab), tokenizer, weights, f"tcli BERT {path}")
+
+
+def _random_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
+    """init none: the sizes of `model:` (BERT-base where null) and a sentencepiece vocabulary: vocab.model, or
+    one trained on the training texts, as pretrain-bert would."""
+    from transformer_cli.bert_tokenizer import BertTokenizer
+    from transformer_cli.vocab import load_model_file, train_vocab
+
+    m = cfg.model
+    sizes = {k: getattr(m, k) for k in ("d_model", "layers", "heads", "ffn_dim", "max_positions")}
+    encoder = _with_dropout(BertModelConfig(**{k: v for k, v in sizes.items() if v is not None}), cfg)
+    if cfg.vocab.model is not None:
+        vocab = load_model_file(cfg.vocab.model)
+    else:
+        texts: list[str] = []
+        for ex in data.train:
+            texts += (
+                [" ".join(ex.words)] if isinstance(ex, TaggedSentence) else [ex.text, *([ex.pair] if ex.pair else [])]
+            )
+        v = cfg.vocab
+        vocab = train_vocab(
+            texts,
+            v.size,
+            v.type,
+            v.character_coverage,
+            v.max_sentences,
+            cfg.train.seed,
+            pad_piece="[PAD]",
+            unk_piece="[UNK]",
+            control_symbols=("[CLS]", "[SEP]", "[MASK]"),
+            bos_eos=False,
+            source=str(data.files[0]),
+        )
+    tokenizer = BertTokenizer("sentencepiece", vocab.model_bytes, "vocab.model")
+    return InitSource(encoder, len(vocab), tokenizer, None, "random weights (init: none)")
+
+
+def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
+    """A Hugging Face BERT folder: config.json, model.safetensors or pytorch_model.bin, and its tokenizer."""
+    from transformer_cli.bert_tokenizer import tokenizer_of_hf_folder
+
+    where = f"model.init {folder}"
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise UserError(f"{where}: no config.json; give a Hugging Face BERT folder (or a tcli checkpoint)")
+    try:
+        hf = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"{config_path}: not readable JSON ({str(e)[:120]})") from None
+    if not isinstance(hf, dict) or hf.get("model_type", "bert") != "bert":
+        raise UserError(
+            f"{config_path}: model_type {hf.get('model_type') if isinstance(hf, dict) else '?'!r} is not bert"
+        )
+    for key, want in (("hidden_act", "gelu"), ("type_vocab_size", 2), ("position_embedding_type", "absolute")):
+        if hf.get(key, want) != want:
+            raise UserError(f"{config_path}: {key} {hf.get(key)!r} is not supported (tcli's BERT has {want!r})")
+    try:
+        encoder = BertModelConfig(
+            d_model=hf["hidden_size"],
+            layers=hf["num_hidden_layers"],
+            heads=hf["num_attention_heads"],
+            ffn_dim=hf["intermediate_size"],
+            max_positions=hf["max_position_embeddings"],
+            dropout=hf.get("hidden_dropout_prob", 0.1),
+            attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+        )
+        vocab_size = int(hf["vocab_size"])
+    except (KeyError, ValueError, TypeError) as e:
+        raise UserError(f"{config_path}: not a BERT config ({str(e).splitlines()[0][:120]})") from None
+    tokenizer = tokenizer_of_hf_folder(folder)
+    if len(tokenizer) > vocab_size:
+        raise UserError(
+            f"{where}: the tokenizer has {len(tokenizer)} tokens but config.json vocab_size is {vocab_size}"
+        )
+    weights = _hf_encoder_weights(folder, encoder, vocab_size)
+    return InitSource(_with_dropout(encoder, cfg), vocab_size, tokenizer, weights, f"Hugging Face BERT {folder}")
+
+
+def _hf_encoder_weights(folder: Path, encoder: BertModelConfig, vocab_size: int) -> dict[str, Tensor]:
+    """The folder's encoder and pooler weights under BertClassifier names; heads of any HF class are ignored."""
+    import torch
+
+    from transformer_cli.checkpoint import check_weights
+    from transformer_cli.hf import _LAYER, _LAYER_NAMES, _NAMES
+
+    raw = _read_hf_weights(folder)
+    hf: dict[str, Tensor] = {}
+    for name, tensor in raw.items():  # BertModel saves without the "bert." prefix; old files use gamma/beta
+        name = name if name.startswith(("bert.", "cls.")) else f"bert.{name}"
+        hf[name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")] = tensor
+    wanted = {ours: theirs for ours, theirs in _NAMES.items() if not ours.startswith(_HEADS)}
+    out: dict[str, Tensor] = {}
+    try:
+        for ours, theirs in wanted.items():
+            out[f"bert.{ours}"] = hf[theirs]
+        for i in range(encoder.layers):
+            prefix, theirs = f"bert.encoder.{i}.", _LAYER.format(i=i)
+            for kind in ("weight", "bias"):
+                parts = [hf[f"{theirs}attention.self.{p}.{kind}"] for p in ("query", "key", "value")]
+                out[f"{prefix}self_attn.qkv_proj.{kind}"] = torch.cat(parts, 0)
+                for ours, hf_name in _LAYER_NAMES.items():
+                    out[f"{prefix}{ours}.{kind}"] = hf[f"{theirs}{hf_name}.{kind}"]
+    except KeyError as e:
+        raise UserError(f"model.init {folder}: the weights lack {e.args[0]}; not a BERT model") from None
+    from transformer_cli.models.bert import Bert
+
+    with torch.device("meta"):
+        ref = Bert(
+            vocab_size,
+            encoder.d_model,
+            encoder.layers,
+            encoder.heads,
+            encoder.ffn_dim,
+            encoder.max_positions,
+            pretraining_heads=False,
+        ).state_dict()
+    check_weights({k.removeprefix("bert."): v for k, v in out.items()}, ref, f"model.init {folder}")
+    return {k: v.float() for k, v in out.items()}
+
+
+def _read_hf_weights(folder: Path) -> dict[str, Tensor]:
+    import torch
+
+    path = folder / "model.safetensors"
+    if path.is_file():
+        from transformer_cli.hf import _read_safetensors
+
+        return _read_safetensors(path)
+    path = folder / "pytorch_model.bin"
+    if not path.is_file():
+        raise UserError(f"model.init {folder}: no model.safetensors or pytorch_model.bin")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a damaged or foreign file
+        raise UserError(f"{path} is not a readable weights file ({str(e).splitlines()[0][:120]})") from None
+    if not isinstance(state, dict):
+        raise UserError(f"{path} holds no state dict")
+    return state
