@@ -33,7 +33,7 @@ def _sentences(n: int, seed: int) -> list[tuple[str, int]]:
 def tiny_bert(tmp_path_factory) -> Path:
     """A tiny BERT pretrained for a few steps on the bundled toy stories (once per module)."""
     from transformer_cli.config import BertRunConfig, load_config
-    from transformer_cli.tasks.bert import pretrain_bert
+    from transformer_cli.tasks.bert_setup import pretrain_bert
 
     out = tmp_path_factory.mktemp("bert")
     sets = [

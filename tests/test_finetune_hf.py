@@ -22,7 +22,7 @@ TEXTS = ["The cat sat on the mat.", "A dog ran to the house, quickly!", "unbelie
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory) -> Path:
     from transformer_cli.config import BertRunConfig
-    from transformer_cli.tasks.bert import pretrain_bert
+    from transformer_cli.tasks.bert_setup import pretrain_bert
 
     out = tmp_path_factory.mktemp("bert")
     sets = ["model.d_model=32", "model.layers=1", "model.heads=2", "model.ffn_dim=64", "model.max_positions=64"]

@@ -29,7 +29,7 @@ class Predictor:
     """A fine-tuned model on a device, turning examples into output lines."""
 
     def __init__(self, checkpoint: Path, device: str = "auto", precision: str = "fp32"):
-        from transformer_cli.train.runtime import Runtime  # device and autocast only (as translate)
+        from transformer_cli.runtime import Runtime
 
         ckpt = read_checkpoint(checkpoint, kind="finetune")
         self.cfg, self.meta = ckpt.cfg, ckpt.finetune

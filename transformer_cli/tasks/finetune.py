@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from transformer_cli import task_metrics
 from transformer_cli.config import FinetuneRunConfig, FinetuneTrainConfig
+from transformer_cli.console import say
 from transformer_cli.datasets.bert import length_batches
 from transformer_cli.datasets.labeled import TaggedSentence
 from transformer_cli.errors import UserError
@@ -38,12 +39,11 @@ from transformer_cli.run import (
     _checkpoint_to_resume,
     check_resume_config,
     check_training_memory,
-    say,
-    stop_reason,
 )
+from transformer_cli.runtime import Runtime
 from transformer_cli.tasks.finetune_setup import LabelledData, read_labelled, resolve_init
 from transformer_cli.train.loop import Trainer, resume_requested
-from transformer_cli.train.runtime import Runtime
+from transformer_cli.train.stop import saved_stop_reason
 
 EVAL_ROWS = 64  # dev examples per evaluation batch (length-sorted: little padding)
 
@@ -190,7 +190,7 @@ def finetune(
                     f"the training data differ from those {ckpt.path} was trained on; resume with the "
                     "same files or use a new --out"
                 )
-            finished = stop_reason(cfg.train, ckpt.state["train_state"])
+            finished = saved_stop_reason(cfg.train, ckpt.state["train_state"])
             step = ckpt.state["train_state"]["step"]
             if finished and directory.finished_step() == step:
                 say(quiet, f"{run_dir} finished at step {step} ({finished}); nothing to do")
