@@ -360,7 +360,9 @@ def evaluate(
         Path | None,
         typer.Option("--data-dir", help="--split: read the data from here instead of the config's data.dir"),
     ] = None,
-    beam: Annotated[int | None, typer.Option("--beam", min=1, help="default: the checkpoint's eval.beam")] = None,
+    beam: Annotated[
+        int | None, typer.Option("--beam", min=1, max=256, help="1..256; default: the checkpoint's eval.beam")
+    ] = None,
     lenpen: Annotated[float | None, typer.Option("--lenpen", min=0.0, help="default: eval.lenpen")] = None,
     json_: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     device: DeviceOpt = "auto",
