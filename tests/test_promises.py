@@ -478,3 +478,33 @@ def test_help_shows_every_bracket_of_every_docstring():
         for bracket in {part.split("]")[0] for part in doc.split("[")[1:]}:
             assert f"[{bracket}]" in shown, (name, bracket)
     assert '".[ct2]"' in " ".join(CliRunner().invoke(app, ["export-ct2", "--help"]).output.split())
+
+
+# ----------------------------------------------------------------------------- attention maps under bf16
+
+
+def test_attention_maps_are_fp32_probabilities_under_bf16_autocast():
+    """`translate --attention` under bf16 (what precision auto picks on AMX CPUs and recent GPUs): the
+    recorded weights are computed in fp32, so every row sums to 1 like fp32's (bf16 would be off by ~1e-3)."""
+    import contextlib
+
+    from transformer_cli.attention import teacher_forced_attention
+
+    cfg = build_config(TranslationRunConfig, TRANSLATION, "test")
+    torch.manual_seed(0)
+    model = build_transformer(cfg.model, 100, 100).eval()
+    g = torch.Generator().manual_seed(1)
+    pairs = [
+        (torch.randint(4, 100, (n,), generator=g).tolist(), torch.randint(4, 100, (n + 3,), generator=g).tolist())
+        for n in (7, 30)
+    ]
+
+    def bf16() -> contextlib.AbstractContextManager:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    fp32 = teacher_forced_attention(model, pairs, 2, 3, torch.device("cpu"))
+    for maps, reference in zip(teacher_forced_attention(model, pairs, 2, 3, torch.device("cpu"), bf16), fp32):
+        for kind in ("encoder", "decoder", "cross"):
+            assert maps[kind].dtype == np.float32
+            np.testing.assert_allclose(maps[kind].sum(-1), 1.0, atol=1e-5)
+            np.testing.assert_allclose(maps[kind], reference[kind], atol=0.05)  # the same Q and K, rounded by bf16
