@@ -195,10 +195,13 @@ def test_a_refused_resume_with_init_from_hf_changes_nothing(world, tmp_path):
     shutil.copytree(world["bert_run"], run)
     other = tmp_path / "hf_other"
     shutil.copytree(world["hf"], other)
-    spiece = world["tr_ckpt"]  # any other sentencepiece model: the translation checkpoint's vocabulary
-    from transformer_cli.checkpoint import read_checkpoint
+    # a BERT vocabulary of the same size from other text: the folder loads, only its vocabulary differs
+    from transformer_cli.tasks.bert_setup import train_bert_vocab
 
-    (other / "spiece.model").write_bytes(read_checkpoint(spiece).vocabs[0].model_bytes)
+    lines = (ROOT / "data" / "bert_toy" / "train.txt").read_text(encoding="utf-8").splitlines()[5000:8000]
+    vocab = train_bert_vocab(lines, build_config(BertRunConfig, BERT, "test"))
+    assert len(vocab) == json.loads((other / "config.json").read_text())["vocab_size"]
+    (other / "spiece.model").write_bytes(vocab.model_bytes)
     before = snapshot(run)
     code, err = tcli(
         "pretrain-bert",
@@ -215,6 +218,7 @@ def test_a_refused_resume_with_init_from_hf_changes_nothing(world, tmp_path):
         "--quiet",
     )
     one_line_error(code, err)
+    assert "another vocabulary" in err and str(other) in err
     assert snapshot(run) == before
 
 
