@@ -222,6 +222,8 @@ def test_attention_heatmaps_and_weights(toy_run, tmp_path):
         str(folder),
         "--attention-max",
         "2",
+        "--precision",  # bf16 autocast (what `auto` picks on AMX CPUs and recent GPUs): the maps stay fp32
+        "bf16",
         input="\n".join(lines) + "\n",
     )
     assert result.returncode == 0, result.stderr

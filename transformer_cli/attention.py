@@ -27,6 +27,9 @@ from transformer_cli.models.transformer import Transformer
 from transformer_cli.vocab import Vocab
 
 WORD_START = "\u2581"  # sentencepiece's word-boundary mark
+# --attention records the weights of lines up to this many pieces a side (EOS included): every layer and head
+# of one such line is at most a few hundred MB, where a line of thousands of pieces would need gigabytes.
+ATTENTION_MAX_PIECES = 512
 
 
 @dataclass
@@ -45,8 +48,14 @@ class AttentionMaps:
         return ["<s>", *self.tgt_pieces[:-1]]
 
     def save_npz(self, path: Path, source: str, translation: str) -> None:
+        """Written atomically (in memory first): a kill never leaves a truncated file under the final name."""
+        import io
+
+        from transformer_cli.files import remove_stale_temporaries, write_atomic
+
+        buffer = io.BytesIO()
         np.savez_compressed(
-            path,
+            buffer,
             encoder=self.encoder,
             decoder=self.decoder,
             cross=self.cross,
@@ -55,6 +64,8 @@ class AttentionMaps:
             source=np.array(source),
             translation=np.array(translation),
         )
+        remove_stale_temporaries(path.parent, path.name, live_writers=True)
+        write_atomic(buffer.getvalue(), path)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,8 @@ import numpy as np
 
 from transformer_cli.errors import UserError
 
+HEATMAP_MAX_PIECES = 100  # pieces drawn per axis of a heatmap: about 1,500 pixels a side at its smallest cells
+
 
 def require_matplotlib() -> Any:
     """The matplotlib.figure module, or a one-line error that says how to install it."""
@@ -25,6 +27,33 @@ def require_matplotlib() -> Any:
             "(or pip install matplotlib)"
         ) from None
     return matplotlib.figure
+
+
+def image_format(path: Path, option: str) -> str:
+    """The image format a path's extension names (none: PNG), or a one-line error listing those there are."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    fmt = path.suffix[1:].lower() or "png"
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in supported:
+        raise UserError(
+            f"{option} {path}: matplotlib cannot write .{fmt} files; use one of "
+            f"{', '.join('.' + f for f in sorted(supported))} (or no extension for PNG)"
+        )
+    return fmt
+
+
+def save_figure(fig: Any, path: Path, dpi: float) -> None:
+    """The figure drawn into memory, then written atomically under exactly `path`: a kill never leaves a
+    truncated image under the final name (and the next write removes the temporary file a SIGKILL left)."""
+    import io
+
+    from transformer_cli.files import remove_stale_temporaries, write_atomic
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=dpi, format=image_format(path, "the output"))
+    remove_stale_temporaries(path.parent, path.name, live_writers=True)
+    write_atomic(buffer.getvalue(), path)
 
 
 def _sizes(n_rows: int, n_cols: int, longest_label: int) -> tuple[float, float, float]:
@@ -46,8 +75,14 @@ def heatmaps(
     ylabel: str,
 ) -> None:
     """One PNG: a heatmap per (panel title, (len(rows), len(cols)) matrix), on one colour scale from 0 to
-    the largest weight, with the pieces as tick labels."""
+    the largest weight, with the pieces as tick labels. At most HEATMAP_MAX_PIECES pieces of each axis are
+    drawn (the first ones; the title says so), so that an image stays a size a viewer opens."""
     figure_module = require_matplotlib()
+    if max(len(rows), len(cols)) > HEATMAP_MAX_PIECES:
+        title += f" (first {min(len(rows), HEATMAP_MAX_PIECES)} of {len(rows)} x {min(len(cols), HEATMAP_MAX_PIECES)}"
+        title += f" of {len(cols)} pieces drawn)"
+        panels = [(name, m[:HEATMAP_MAX_PIECES, :HEATMAP_MAX_PIECES]) for name, m in panels]
+        rows, cols = rows[:HEATMAP_MAX_PIECES], cols[:HEATMAP_MAX_PIECES]
     cell, font, margin = _sizes(len(rows), len(cols), max(map(len, rows + cols), default=1))
     panel_w, panel_h = cell * len(cols) + margin + 0.4, cell * len(rows) + margin + 0.3
     # side by side up to about 22 inches; panels much wider than tall go one under the other
@@ -69,4 +104,4 @@ def heatmaps(
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
-    fig.savefig(path, dpi=100 if max(len(rows), len(cols)) <= 40 else 130)
+    save_figure(fig, path, dpi=100 if max(len(rows), len(cols)) <= 40 else 130)

@@ -134,6 +134,46 @@ def read_checkpoint(path: str | Path, kind: str | None = None, vocab: bool = Tru
     return Checkpoint(path, found, cfg, vocabs, state)
 
 
+# What a resume reads besides the weights (Trainer._restore): every key must be there, with a value of its type.
+_TRAIN_STATE = {
+    "step": int,
+    "epoch": int,
+    "batch_in_epoch": int,
+    "bad_evals": int,
+    "train_seconds": (int, float),
+    "wall_seconds": (int, float),
+}
+
+
+def check_resumable(ckpt: Checkpoint) -> None:
+    """A one-line refusal for a checkpoint that cannot continue a training run: an average (`tcli average`,
+    `averaged.pt`), an export, or a file without optimizer, scheduler, RNG or a complete train state."""
+    state, path = ckpt.state, ckpt.path
+    if isinstance(state["tcli"].get("averaged"), dict):
+        raise UserError(
+            f"{path} is an average of checkpoints (tcli average): it holds no optimizer state and cannot be "
+            "resumed; put the run's own last.pt back, or use the average with translate / evaluate"
+        )
+    missing = [
+        k for k in ("optimizer", "scheduler", "scaler", "rng", "train_state") if not isinstance(state.get(k), dict)
+    ]
+    train_state = state.get("train_state") if isinstance(state.get("train_state"), dict) else {}
+    missing += [
+        f"train_state.{k}"
+        for k, kind in _TRAIN_STATE.items()
+        if "train_state" not in missing
+        and (not isinstance(train_state.get(k), kind) or isinstance(train_state.get(k), bool))
+    ]
+    if "rng" not in missing and not {"torch", "python"} <= set(state["rng"]):
+        missing.append("rng.torch / rng.python")
+    if missing:
+        raise UserError(
+            f"{path} cannot be resumed: it lacks {missing[0]}"
+            f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''} that a training checkpoint "
+            "holds; resume from a last.pt written by tcli train / pretrain-bert, or choose another --out"
+        )
+
+
 def _load(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise UserError(f"checkpoint not found: {path}")

@@ -19,6 +19,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts are plain: "[ct2]" in `pip install -e ".[ct2]"` is not markup
 )
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run configuration")]
@@ -29,53 +30,107 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cu
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or log lines")]
 
 
+# What to make smaller when a command runs out of memory: the advice names its own options.
+_MEMORY_ADVICE = {
+    "translate": "lower --beam (and --nbest) or --max-tokens, or use another device",
+    "evaluate": "lower --beam, or use another device",
+    "fill_mask": "shorten the input lines, or use another device",
+}
+_TRAINING_MEMORY_ADVICE = "use a smaller model, train.max_tokens / train.batch_size, or another device"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every writer's cleanup runs (exit code 143)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def user_errors(fn):
     """The one place where exceptions meet the user.
 
-    A user's mistake (UserError), a full disk or an allocation the machine cannot hold prints one line
-    and exits with code 2; Ctrl-C exits with 130. Anything else is a bug in tcli: its traceback is shown,
-    with a request to report it, and the exit code is 1.
+    Every path argument is checked first (`files.check_user_path`). A user's mistake (UserError), a full
+    disk, a path the file system refuses, or an allocation the machine cannot hold prints one line and exits
+    with code 2; Ctrl-C exits with 130 and SIGTERM with 143, after the writers have removed their temporary
+    files. Anything else is a bug in tcli: its traceback is shown, with a request to report it, and the exit
+    code is 1.
     """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from transformer_cli.errors import UserError, one_line
+        from transformer_cli.files import check_user_paths
 
+        previous = _catch_sigterm()
         try:
+            check_user_paths((_option_name(k), v) for k, v in kwargs.items())
             return fn(*args, **kwargs)
         except UserError as e:
             print(f"error: {one_line(str(e))}", file=sys.stderr)
             raise typer.Exit(e.exit_code) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             print("interrupted", file=sys.stderr)
-            raise typer.Exit(130) from None
+            raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
         except BrokenPipeError:  # `tcli translate ... | head`: the reader left; nothing to report
             sys.stderr.close()
             raise typer.Exit(141) from None
         except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            message = _os_error_message(e)
+            if message is None:
                 _report_bug()
                 raise
-            where = f" ({e.filename})" if e.filename else ""
-            print(
-                f"error: no space left on the device{where}; free some space and run the command again", file=sys.stderr
-            )
+            print(f"error: {one_line(message)}", file=sys.stderr)
             raise typer.Exit(2) from None
         except (MemoryError, RuntimeError) as e:
             if isinstance(e, RuntimeError) and not _out_of_memory(e):
                 _report_bug()
                 raise
-            print(
-                "error: out of memory: the model or batch does not fit on this machine; use a smaller "
-                "model, train.max_tokens / train.batch_size, or another device",
-                file=sys.stderr,
-            )
+            advice = _MEMORY_ADVICE.get(fn.__name__, _TRAINING_MEMORY_ADVICE)
+            print(f"error: out of memory: this does not fit on this machine; {advice}", file=sys.stderr)
             raise typer.Exit(2) from None
         except Exception:
             _report_bug()
             raise
+        finally:
+            _restore_sigterm(previous)
 
     return wrapper
+
+
+def _option_name(param: str) -> str:
+    return {"run_dir": "RUN_DIR", "checkpoints": "--checkpoints"}.get(param, "--" + param.strip("_").replace("_", "-"))
+
+
+def _catch_sigterm():
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _restore_sigterm(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _os_error_message(e: OSError) -> str | None:
+    """One line for the OS errors a user's path or machine causes (whatever code raised them); None for the
+    rest, which are bugs."""
+    where = f" ({e.filename})" if e.filename else ""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device{where}; free some space and run the command again"
+    if e.errno == errno.ENAMETOOLONG:
+        return f"a file name is too long{where}: each name in a path may have at most 255 bytes"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"permission denied{where}: {e.strerror}; choose a path you can write to"
+    if e.errno in (errno.EISDIR, errno.ENOTDIR):
+        return f"{e.strerror}{where}: check the path"
+    return None
 
 
 def _out_of_memory(e: RuntimeError) -> bool:
@@ -348,7 +403,9 @@ def evaluate(
         Path | None,
         typer.Option("--data-dir", help="--split: read the data from here instead of the config's data.dir"),
     ] = None,
-    beam: Annotated[int | None, typer.Option("--beam", min=1, help="default: the checkpoint's eval.beam")] = None,
+    beam: Annotated[
+        int | None, typer.Option("--beam", min=1, max=256, help="1..256; default: the checkpoint's eval.beam")
+    ] = None,
     lenpen: Annotated[float | None, typer.Option("--lenpen", min=0.0, help="default: eval.lenpen")] = None,
     json_: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     device: DeviceOpt = "auto",
@@ -442,7 +499,17 @@ def main() -> None:
             where = f"; see {ctx.command_path} --help" if ctx is not None else ""
             print(f"error: {message}{where}", file=sys.stderr)
         sys.exit(e.exit_code)
+    _finish_quietly()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _finish_quietly() -> None:
+    """The command's work is done and on disk: a Ctrl-C or SIGTERM during the interpreter's shutdown
+    (atexit handlers of torch and multiprocessing) would only print a traceback and change nothing."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -385,7 +385,20 @@ def load_config(schema: type[Section], path: str | Path | None, overrides: list[
     if overrides:
         raw = _merge(raw, parse_overrides(overrides))
         source += " with --set " + " ".join(overrides)
-    return build_config(schema, raw, source)
+    cfg = build_config(schema, raw, source)
+    _check_paths(cfg)
+    return cfg
+
+
+def _check_paths(cfg: Any) -> None:
+    """The config's file and folder names (data.*, vocab.model) go through the check of every user path."""
+    from transformer_cli.files import check_user_path
+
+    for section in ("data", "vocab"):
+        values = getattr(cfg, section).model_dump(mode="json") if hasattr(cfg, section) else {}
+        for key, value in values.items():
+            if isinstance(value, str) and (section == "data" or key == "model"):
+                check_user_path(value, f"{section}.{key}")
 
 
 def dump_config(cfg: Section) -> str:

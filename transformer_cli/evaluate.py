@@ -100,7 +100,13 @@ def _evaluate_translation(
     else:
         src_path, ref_path = input_path, reference
     lines = read_parallel(src_path, ref_path)
-    data = encode_parallel(*lines, *ckpt.vocabs, max_len=cfg.model.max_positions - 2)
+    data = encode_parallel(
+        *lines,
+        *ckpt.vocabs,
+        max_len=cfg.model.max_positions - 2,
+        split=f"{src_path} and {ref_path}",
+        limit=f"the model's positions: model.max_positions {cfg.model.max_positions} - 2",
+    )
     opts = dataclasses.replace(
         eval_decode_options(cfg.eval),
         **({"beam": beam} if beam is not None else {}),

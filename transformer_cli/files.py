@@ -1,22 +1,65 @@
-"""Files that survive a kill: atomic writes, and the temporaries a killed writer leaves behind."""
+"""Files that survive a kill: atomic writes, the temporaries a killed writer leaves behind, and the one check
+of the paths a user gives."""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from transformer_cli.errors import UserError
+
+NAME_MAX = 255  # bytes in one path component on Linux, macOS and Windows file systems
+PATH_MAX = 4096
+# `.NAME.tmpPID` (write_atomic) and `.NAME.tmpPID` folders (export-ct2's staging): the PID names the writer.
+_TEMPORARY = re.compile(r"^\..+\.tmp(\d+)$")
+
+
+def check_user_path(path: str | os.PathLike, what: str) -> None:
+    """A one-line error for a path no file system can hold: a component over 255 bytes, a path over 4,096
+    bytes, or a NUL byte. Checked before anything is read or written, for every path a user gives."""
+    text = os.fspath(path)
+    raw = os.fsencode(text)
+    if b"\0" in raw:
+        raise UserError(f"{what}: the path holds a NUL byte; give another path")
+    if len(raw) > PATH_MAX:
+        raise UserError(f"{what}: the path is {len(raw):,} bytes long, over the {PATH_MAX:,} a path may have")
+    for part in Path(text).parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            raise UserError(
+                f"{what}: the name {part[:40]!r}... is {size} bytes long, over the {NAME_MAX} bytes a file "
+                "or folder name may have; give a shorter name"
+            )
+
+
+def check_user_paths(values: Iterable[tuple[str, object]]) -> None:
+    """`check_user_path` for every (option, value) whose value is a path or a list of paths."""
+    for what, value in values:
+        for item in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(item, os.PathLike):
+                check_user_path(item, what)
+
+
+def temporary_name(path: Path) -> Path:
+    """Where `path` is written before its rename: hidden, beside it, named by this process."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
 def write_atomic(data: bytes, path: Path) -> None:
     """Temporary file, fsync, rename: a kill at any moment leaves the old file or the new one, never half.
 
     A failed write (a full disk) removes its temporary file, leaves the old file as it was, and is a
-    one-line error that says what to do.
+    one-line error that says what to do. An interrupt (Ctrl-C, or SIGTERM as the CLI raises it) removes
+    the temporary file too; only SIGKILL leaves one, which `remove_stale_temporaries` deletes later.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(e, path) from None
+    tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -24,8 +67,11 @@ def write_atomic(data: bytes, path: Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        _unlink_quietly(tmp)
         raise write_error(e, path) from None
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
     try:
         dir_fd = os.open(path.parent, os.O_RDONLY)
     except OSError:
@@ -36,6 +82,13 @@ def write_atomic(data: bytes, path: Path) -> None:
         os.close(dir_fd)
 
 
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def write_error(e: OSError, path: Path) -> UserError:
     """A failed write as one line; a full disk says that nothing saved before was lost."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -43,15 +96,52 @@ def write_error(e: OSError, path: Path) -> UserError:
             f"no space left on the device while writing {path}; files saved before are intact: "
             "free some space and run the command again (a training run: add --resume auto)"
         )
+    if e.errno == errno.EISDIR or (e.errno == errno.ENOTEMPTY and path.is_dir()):
+        return UserError(f"cannot write {path}: it is a folder; give a file name")
     return UserError(f"cannot write {path}: {e.strerror or e}")
 
 
-def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Delete `.NAME.tmpPID` files that a killed writer left behind; only call this while holding the
-    folder's lock (no live writer can own them)."""
-    removed = []
-    if folder.is_dir():
-        for tmp in folder.glob(".*.tmp*"):
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid < 1 << 22  # another user's live process (or a PID no system gives: not alive)
+    return True
+
+
+def remove_stale_temporaries(folder: Path, name: str | None = None, live_writers: bool = False) -> list[Path]:
+    """Delete the `.NAME.tmpPID` files and folders that a killed writer left in `folder` (only those of
+    `name` when given). Without a lock on the folder (`live_writers`), a temporary whose process still runs
+    is another writer's and is kept."""
+    removed: list[Path] = []
+    if not folder.is_dir():
+        return removed
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMPORARY.match(entry.name)
+        if m is None or (name is not None and not entry.name.startswith(f".{name}.tmp")):
+            continue
+        if live_writers and _alive(int(m.group(1))):
+            continue
+        _remove_tree(entry)
+        removed.append(entry)
     return removed
+
+
+def _remove_tree(path: Path) -> None:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            for child in path.iterdir():
+                _remove_tree(child)
+            path.rmdir()
+        else:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass

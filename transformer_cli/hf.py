@@ -16,7 +16,7 @@ from torch import Tensor
 
 from transformer_cli.checkpoint import check_weights, read_checkpoint
 from transformer_cli.config import BertModelConfig
-from transformer_cli.errors import UserError
+from transformer_cli.errors import UserError, quote
 from transformer_cli.files import write_atomic
 from transformer_cli.models.builders import build_bert
 from transformer_cli.vocab import Vocab, check_bert_vocab
@@ -177,38 +177,89 @@ def load_hf_bert(folder: Path, model: BertModelConfig) -> tuple[dict[str, Tensor
     for path in (config_path, weights_path):
         if not path.is_file():
             raise UserError(f"{where}: {path.name} not found (a folder written by tcli export-hf)")
+    hf = _read_json_object(config_path)
+    check_hf_config(hf, hf_config(model, 0), f"{where}: {config_path.name}")
     if not vocab_path.is_file():
         raise UserError(
             f"{where}: no spiece.model; its vocabulary cannot be matched to a "
             "tcli vocabulary (export the model with tcli export-hf)"
         )
-    hf = _read_json_object(config_path)
     vocab = Vocab.load(vocab_path)
     check_bert_vocab(vocab, str(vocab_path))
-    expected = hf_config(model, len(vocab))
-    for hf_key, ours in (
-        ("hidden_size", "d_model"),
-        ("num_hidden_layers", "layers"),
-        ("num_attention_heads", "heads"),
-        ("intermediate_size", "ffn_dim"),
-        ("max_position_embeddings", "max_positions"),
-    ):
-        if hf.get(hf_key) != expected[hf_key]:
-            raise UserError(
-                f"{where}: {hf_key} is {hf.get(hf_key)} but model.{ours} is "
-                f"{expected[hf_key]}; set model.{ours}={hf.get(hf_key)}"
-            )
-    if hf.get("vocab_size") != len(vocab):
+    vocab_size = hf.get("vocab_size")
+    if vocab_size != len(vocab) or isinstance(vocab_size, bool):
         raise UserError(
-            f"{where}: config.json vocab_size {hf.get('vocab_size')} does not match "
-            f"its spiece.model ({len(vocab)} pieces)"
+            f"{where}: config.json vocab_size {quote(vocab_size, 60)} does not match its spiece.model "
+            f"({len(vocab)} pieces)"
         )
     weights = _read_safetensors(weights_path)
     with torch.device("meta"):
         reference = to_hf_state_dict(build_bert(model, len(vocab)).state_dict(), model.layers)
     # Tensors we do not use (a head saved by another HF class) are ignored; ours must all be there.
     check_weights({k: weights[k] for k in reference if k in weights}, reference, str(weights_path))
+    decoder = weights.get("cls.predictions.decoder.weight")
+    if decoder is not None and not torch.equal(decoder, weights["bert.embeddings.word_embeddings.weight"]):
+        raise UserError(
+            f"{where}: cls.predictions.decoder.weight differs from the word embeddings (tie_word_embeddings "
+            "false); tcli's BERT ties them, so it would compute another model: use a folder with tied embeddings"
+        )
     return from_hf_state_dict(weights, model.layers), vocab
+
+
+# config.json keys that change what the model computes, with the value tcli's BERT computes with; a key left
+# out of config.json takes transformers' default, which is tcli's value for each of these.
+FUNCTION_KEYS = {
+    "model_type": "bert",
+    "hidden_act": "gelu",
+    "layer_norm_eps": 1e-12,
+    "position_embedding_type": "absolute",
+    "type_vocab_size": 2,
+    "is_decoder": False,
+    "add_cross_attention": False,
+    "tie_word_embeddings": True,
+}
+# Sizes that must equal the run's model section: config.json key -> model key.
+SIZE_KEYS = {
+    "hidden_size": "d_model",
+    "num_hidden_layers": "layers",
+    "num_attention_heads": "heads",
+    "intermediate_size": "ffn_dim",
+    "max_position_embeddings": "max_positions",
+}
+
+
+def check_hf_config(hf: dict, expected: dict, where: str) -> None:
+    """A config.json that describes exactly the model tcli builds from the run's model section, or a one-line
+    error naming the key: another architecture, a key that changes the function (activation, LayerNorm
+    epsilon, position embeddings, segment vocabulary, ...), a size of the wrong type or another value."""
+    model_type = hf.get("model_type", "bert")
+    if model_type != "bert":
+        raise UserError(
+            f"{where} describes a {str(model_type)[:40]!r} model (model_type), not BERT; --init-from-hf reads "
+            "BERT folders (written by tcli export-hf or transformers' BertForPreTraining)"
+        )
+    for key, ours in FUNCTION_KEYS.items():
+        value = hf.get(key, ours)
+        same = type(value) is type(ours) or (isinstance(ours, float) and _is_number(value))
+        if not same or value != ours:
+            raise UserError(
+                f"{where} sets {key} to {quote(value, 60)}, but tcli's BERT computes with {key} {ours!r}: it "
+                "would start from another model than the folder holds; use a folder with that value"
+            )
+    for key, ours in SIZE_KEYS.items():
+        value = hf.get(key)
+        if key not in hf:
+            raise UserError(f"{where} has no {key}; a BERT config.json gives it (tcli export-hf writes it)")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UserError(f"{where}: {key} is {quote(value, 60)} ({type(value).__name__}); it must be an integer")
+        if value != expected[key]:
+            raise UserError(
+                f"{where}: {key} is {value} but the run's model.{ours} is {expected[key]}; set model.{ours}={value}"
+            )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _read_json_object(path: Path) -> dict:

@@ -10,11 +10,13 @@ train events after the last known point are left out of the wall-time column.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from transformer_cli.attention_plot import image_format, save_figure
 from transformer_cli.errors import UserError
 
 # (row title, [(event, key, label)]): the first series of a row that the log has decides its presence.
@@ -37,37 +39,53 @@ ROWS: list[tuple[str, list[tuple[str, str, str]]]] = [
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """The events of `<run_dir>/metrics.jsonl` (a line cut short by a kill is skipped); one-line errors
-    for a missing folder or log, or a log without train or eval events."""
+    """The events of `<run_dir>/metrics.jsonl`; a line that is not one (cut short by a kill, not UTF-8, not
+    JSON, or with a step or wall time that is not a finite number) is skipped. One-line errors for a missing
+    folder or log, or a log without train or eval events."""
     path = run_dir / "metrics.jsonl"
     if not run_dir.is_dir():
         raise UserError(f"{run_dir} is not a run directory (no such folder)")
     if not path.is_file():
         raise UserError(f"{path} not found: is {run_dir} a run directory of tcli train / pretrain-bert?")
     events = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict) and event.get("event") in ("train", "eval", "end") and "step" in event:
-            events.append(event)
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                event = _event(raw)
+                if event is not None:
+                    events.append(event)
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     if not any(e["event"] in ("train", "eval") for e in events):
         raise UserError(f"{path} holds no train or eval events yet; nothing to plot")
     return events
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _event(raw: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(event, dict) or event.get("event") not in ("train", "eval", "end"):
+        return None
+    if not _number(event.get("step")) or ("wall_s" in event and not _number(event["wall_s"])):
+        return None
+    return event
+
+
 def wall_clock(events: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """(steps, seconds) of the events that carry wall_s, from (0, 0), for interpolation."""
-    known = sorted(
-        {(0, 0.0), *((e["step"], float(e["wall_s"])) for e in events if isinstance(e.get("wall_s"), int | float))}
-    )
+    known = sorted({(0, 0.0), *((e["step"], float(e["wall_s"])) for e in events if _number(e.get("wall_s")))})
     steps, seconds = zip(*known)
     return np.array(steps, dtype=float), np.array(seconds, dtype=float)
 
 
 def series(events: list[dict[str, Any]], event: str, key: str) -> tuple[np.ndarray, np.ndarray]:
-    rows = [(e["step"], e[key]) for e in events if e["event"] == event and isinstance(e.get(key), int | float)]
+    rows = [(e["step"], e[key]) for e in events if e["event"] == event and _number(e.get(key))]
     if not rows:
         return np.array([]), np.array([])
     steps, values = zip(*rows)
@@ -86,16 +104,20 @@ def _rows(events: list[dict[str, Any]]) -> list[tuple[str, list[tuple[str, np.nd
 
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
-    """Draw the run's curves into `out` (default `<run_dir>/curves.png`); returns the path."""
+    """Draw the run's curves into `out` (default `<run_dir>/curves.png`; a name without an extension is a PNG
+    under that very name), atomically; returns the path."""
     from transformer_cli.attention_plot import require_matplotlib
 
     figure_module = require_matplotlib()
-    events = read_events(run_dir)
     out = out if out is not None else run_dir / "curves.png"
     if out.is_dir() or not out.parent.is_dir():
         raise UserError(f"--out {out}: give a file in an existing folder")
+    image_format(out, "--out")
+    events = read_events(run_dir)
     known_steps, known_seconds = wall_clock(events)
     rows = _rows(events)
+    if not rows:
+        raise UserError(f"{run_dir / 'metrics.jsonl'} holds no finite values of a plotted metric; nothing to plot")
     fig = figure_module.Figure(figsize=(12, 2.6 * len(rows) + 0.6), layout="constrained")
     fig.suptitle(f"{run_dir.name}: metrics.jsonl", fontsize=12)
     axes = fig.subplots(len(rows), 2, squeeze=False)
@@ -113,5 +135,5 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
             if len(found) > 1:
                 ax.legend(fontsize=8)
     axes[0, 1].set_title("train points: wall time interpolated between eval/end events", fontsize=9)
-    fig.savefig(out, dpi=100)
+    save_figure(fig, out, dpi=100)
     return out

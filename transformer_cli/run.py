@@ -352,9 +352,11 @@ def run_training(
         setup.read_data()
         data_folder = directory.path / "data"
         if runtime.is_main:
+            vocabs = choose_vocab(directory.path, setup, ckpt, quiet)  # refusals come here, before any write
+            _check_preprocessed_vocab(setup, vocabs)
             directory.start(cfg, fresh=ckpt is None)
             say(quiet, f"run directory {run_dir}; {runtime.describe()}")
-            vocabs = prepare_vocab(directory.path, setup, ckpt, quiet)
+            save_vocab(directory.path, setup, vocabs, ckpt)
             data = prepare_data(data_folder, setup, vocabs, quiet)
         runtime.barrier(patient=True)  # the other ranks wait while rank 0 trains the vocabulary and tokenises
         if not runtime.is_main:  # the other ranks map the same files: the page cache holds one copy
@@ -385,9 +387,11 @@ def _checkpoint_to_resume(directory: RunDirectory, resume: bool, quiet: bool) ->
             )
         return None
     if last.is_file():
-        from transformer_cli.checkpoint import read_checkpoint
+        from transformer_cli.checkpoint import check_resumable, read_checkpoint
 
-        return read_checkpoint(last, kind=directory.kind)
+        ckpt = read_checkpoint(last, kind=directory.kind)
+        check_resumable(ckpt)
+        return ckpt
     if saved and directory.first_save_interrupted():
         say(quiet, f"the first checkpoint of {directory.path} was interrupted: starting the run over")
         for path in saved:
@@ -403,27 +407,36 @@ def _checkpoint_to_resume(directory: RunDirectory, resume: bool, quiet: bool) ->
 
 
 def prepare_vocab(root: Path, setup: TaskSetup, ckpt: Checkpoint | None, quiet: bool) -> list[Vocab]:
-    """The vocabulary of a run (or of a preprocessed folder) in `root`/vocab: the checkpoint's when resuming;
-    else the one in `root`/vocab if it was built from the same settings and data (vocab/vocab.json says so);
-    else a new one, saved with those settings."""
+    """`choose_vocab`, then `save_vocab`."""
+    vocabs = choose_vocab(root, setup, ckpt, quiet)
+    save_vocab(root, setup, vocabs, ckpt)
+    return vocabs
+
+
+def choose_vocab(root: Path, setup: TaskSetup, ckpt: Checkpoint | None, quiet: bool) -> list[Vocab]:
+    """The vocabulary of a run (or of a preprocessed folder) in `root`/vocab, writing nothing: the checkpoint's
+    when resuming; else the one in `root`/vocab if it was built from the same settings and data (vocab/vocab.json
+    says so); else a new one. Every refusal about the vocabulary is raised here, before the run writes."""
     folder = root / "vocab"
     paths = [folder / f"{name}.model" for name in setup.vocab_files()]
-    meta_path = folder / "vocab.json"
-    settings = setup.vocab_settings()
     if ckpt is not None:
-        vocabs = setup.vocabs_from_checkpoint(ckpt)
-    else:
-        vocabs = None
-        if all(p.is_file() for p in paths) and _read_json(meta_path) == settings:
-            vocabs = [Vocab.load(p) for p in paths]
-        if vocabs is None:
-            vocabs = setup.train_vocabs(quiet)
-    for vocab, path in zip(vocabs, paths):
+        return setup.vocabs_from_checkpoint(ckpt)
+    if all(p.is_file() for p in paths) and _read_json(folder / "vocab.json") == setup.vocab_settings():
+        return [Vocab.load(p) for p in paths]
+    return setup.train_vocabs(quiet)
+
+
+def save_vocab(root: Path, setup: TaskSetup, vocabs: list[Vocab], ckpt: Checkpoint | None) -> None:
+    """`root`/vocab: the model files (rewritten only when they differ) and vocab.json, the settings they were
+    built from."""
+    folder = root / "vocab"
+    meta_path = folder / "vocab.json"
+    for name, vocab in zip(setup.vocab_files(), vocabs):
+        path = folder / f"{name}.model"
         if not path.is_file() or path.read_bytes() != vocab.model_bytes:
             write_atomic(vocab.model_bytes, path)
     if ckpt is None or not meta_path.is_file():
-        write_atomic((json.dumps(settings, indent=1, sort_keys=True) + "\n").encode(), meta_path)
-    return vocabs
+        write_atomic((json.dumps(setup.vocab_settings(), indent=1, sort_keys=True) + "\n").encode(), meta_path)
 
 
 def _read_json(path: Path) -> Any:
@@ -552,6 +565,29 @@ PREPROCESSED_ENTRY = re.compile(
 )  # the sample map: BERT training caches it beside the arrays
 
 
+def _manifest_kind(folder: Path) -> str | None:
+    """The kind a folder's manifest.json names (complete or not); None without a readable one."""
+    data = _read_json(folder / shards.MANIFEST)
+    return str(data.get("kind")) if isinstance(data, dict) and data.get("kind") is not None else None
+
+
+def _clear_preprocessing(folder: Path, vocab_files: list[str], keep_vocab: bool) -> None:
+    """Before a folder is written again: the arrays, references and caches of the preprocessing it held go
+    (none of them may sit beside the new ones), and so do the vocabularies that are not this task's. With
+    `keep_vocab`, a vocabulary of this task stays, for prepare_vocab to reuse when its settings match."""
+    shards.begin(folder)  # the manifest first: an interrupted clear never looks complete
+    for entry in folder.iterdir():
+        if entry.name in (LOCK, "vocab") or not PREPROCESSED_ENTRY.match(entry.name) or not entry.is_file():
+            continue
+        entry.unlink()
+    vocab = folder / "vocab"
+    if vocab.is_dir():
+        for entry in vocab.iterdir():
+            ours = entry.suffix == ".model" and entry.stem in vocab_files or entry.name == "vocab.json"
+            if entry.is_file() and not (keep_vocab and ours):
+                entry.unlink()
+
+
 def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool = False) -> Manifest:
     """`tcli preprocess`: the vocabulary and the token arrays of a config's data in `out`, for data.preprocessed.
     Up to date: nothing is done. Another preprocessing there is replaced only with --force."""
@@ -579,6 +615,12 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
         if not _try_lock(fd):
             raise UserError(f"{out} is in use by another tcli command (PID {_read_pid(fd)}); wait for it to end")
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        other = _manifest_kind(out)
+        if other not in (None, setup.kind) and not force:
+            raise UserError(
+                f"{out} holds preprocessed {other} data; a {setup.kind} config would replace it: pass --force "
+                "to replace it, or choose another --out"
+            )
         found = _complete(out, setup.kind)
         if found is not None and not force:
             vocabs = [Vocab.load(p) for p in found.vocab_paths()]
@@ -599,6 +641,7 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
                 f"{out} holds preprocessed data with other {key}; use --force to replace it, or another --out"
             )
         remove_stale_temporaries(out)
+        _clear_preprocessing(out, setup.vocab_files(), keep_vocab=other in (None, setup.kind))
         vocabs = prepare_vocab(out, setup, None, quiet)
         return write_preprocessed(out, setup, vocabs, _expected_manifest(setup, vocabs), quiet)
     finally:

@@ -188,9 +188,9 @@ def run_translate(
     if stats_json is not None:
         _write_text(stats_json, json.dumps(stats, indent=1) + "\n", "--stats-json")
     if inspect.attention_dir is not None:
-        _write_attention(translator, done.shown, inspect.attention_dir)
+        written = _write_attention(translator, done.shown, inspect.attention_dir)
         if not quiet:
-            print(f"attention of {len(done.shown)} sentences written to {inspect.attention_dir}", file=sys.stderr)
+            print(f"attention of {written} sentences written to {inspect.attention_dir}", file=sys.stderr)
     return stats
 
 
@@ -303,23 +303,33 @@ def _alignments(
 
 def _write_attention(
     translator: Translator, shown: list[tuple[int, list[int], list[int], str, str]], folder: Path
-) -> None:
-    """Heatmaps and weights of the best hypotheses of the lines `_translate_stream` kept."""
-    from transformer_cli.attention import attention_maps, write_attention
+) -> int:
+    """Heatmaps and weights of the best hypotheses of the lines `_translate_stream` kept, one line at a time
+    (memory holds one line's maps); a line over ATTENTION_MAX_PIECES pieces a side is left out, with a note."""
+    from transformer_cli.attention import ATTENTION_MAX_PIECES, attention_maps, write_attention
 
-    pairs = [(source_ids, target_ids) for _, source_ids, target_ids, _, _ in shown]
-    maps = attention_maps(
-        translator.model,
-        translator.src_vocab,
-        translator.tgt_vocab,
-        pairs,
-        BOS_ID,
-        EOS_ID,
-        translator.runtime.device,
-        translator.runtime.context,
-    )
-    for (i, _, _, line, translation), m in zip(shown, maps):
-        write_attention(folder, i, m, line, translation)
+    written = 0
+    for i, source_ids, target_ids, line, translation in shown:
+        if max(len(source_ids), len(target_ids)) + 1 > ATTENTION_MAX_PIECES:
+            print(
+                f"note: line {i + 1} has {len(source_ids) + 1} source and {len(target_ids) + 1} target pieces, "
+                f"over the {ATTENTION_MAX_PIECES} that --attention records; no maps written for it",
+                file=sys.stderr,
+            )
+            continue
+        (maps,) = attention_maps(
+            translator.model,
+            translator.src_vocab,
+            translator.tgt_vocab,
+            [(source_ids, target_ids)],
+            BOS_ID,
+            EOS_ID,
+            translator.runtime.device,
+            translator.runtime.context,
+        )
+        write_attention(folder, i, maps, line, translation)
+        written += 1
+    return written
 
 
 def check_writable(path: Path | None, option: str) -> None:

@@ -142,6 +142,11 @@ class TokenArray:
         for array in (self.tokens, self.offsets):
             _release(array)
 
+    def close(self) -> None:
+        """Close the files read with pread (the mappings go with the arrays)."""
+        self._bin.close()
+        self._idx.close()
+
 
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated aranges: [starts[0], starts[0] + lengths[0]), [starts[1], ...), ... as one index array."""
@@ -230,7 +235,70 @@ def read_manifest(folder: Path, kind: str) -> Manifest:
             raise UserError(
                 f"{vocab} is missing or differs from the one {folder} was tokenised with; run tcli preprocess again"
             )
-    return Manifest(folder, data)
+    manifest = Manifest(folder, data)
+    check_contents(manifest)
+    return manifest
+
+
+SCAN = 1 << 22  # values per block when an array is checked: memory stays bounded whatever the corpus
+
+
+def check_contents(manifest: Manifest) -> None:
+    """What sizes cannot show: every index starts at 0, never decreases and ends at its array's length,
+    every token id is below its vocabulary's size, and (BERT) the document starts are sentence numbers in
+    order. One pass over each file, a block at a time; a damaged file is a one-line error naming it, found
+    before anything is written or trained (and `tcli preprocess` redoes such a folder)."""
+    folder, data = manifest.folder, manifest.data
+    sizes = {name: _vocab_size(path) for name, path in zip(data["vocab_files"], manifest.vocab_paths())}
+    for split in data["splits"].values():
+        for name in split["files"]:
+            if name.endswith(".bin"):
+                stem = name[: -len(".bin")]
+                side = stem.rsplit(".", 1)[-1]
+                limit = sizes.get(side, max(sizes.values()) if len(sizes) == 1 else min(sizes.values()))
+                _check_array(folder, stem, manifest.dtype, limit)
+            elif name.endswith(".docs"):
+                sentences = len(TokenArray(folder, name[: -len(".docs")] + ".text", manifest.dtype))
+                _check_docs(folder / name, sentences)
+
+
+def _vocab_size(path: Path) -> int:
+    import sentencepiece as spm
+
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path)).get_piece_size()
+    except Exception:  # sentencepiece raises RuntimeError (or OSError) for bytes it cannot parse
+        raise UserError(f"{path} is not a sentencepiece model; run tcli preprocess again") from None
+
+
+def _check_array(folder: Path, stem: str, dtype: np.dtype, vocab_size: int) -> None:
+    array = TokenArray(folder, stem, dtype)  # the index's first and last offsets
+    try:
+        offsets, tokens = array.offsets, array.tokens
+        for start in range(0, len(offsets), SCAN):
+            block = offsets[max(start - 1, 0) : start + SCAN]  # one value of overlap: the order across blocks
+            if len(block) > 1 and bool((np.diff(block) < 0).any()):
+                raise UserError(f"{array.path.with_suffix('.idx')}: its offsets go backwards; preprocess again")
+        for start in range(0, len(tokens), SCAN):
+            high = int(tokens[start : start + SCAN].max(initial=0))
+            low = int(tokens[start : start + SCAN].min(initial=0))
+            if high >= vocab_size or low < 0:
+                bad = high if high >= vocab_size else low
+                raise UserError(
+                    f"{array.path} holds token id {bad}, outside its vocabulary of {vocab_size} pieces "
+                    "(damaged or written with another vocabulary); preprocess again"
+                )
+    finally:
+        array.release()
+        array.close()
+
+
+def _check_docs(path: Path, sentences: int) -> None:
+    docs = _map(path, np.dtype("<i8"))
+    if len(docs) < 2 or docs[0] != 0 or docs[-1] != sentences or bool((np.diff(docs) <= 0).any()):
+        raise UserError(
+            f"{path}: its document starts are not increasing sentence numbers from 0 to {sentences}; preprocess again"
+        )
 
 
 # ----------------------------------------------------------------------------- writing
@@ -279,6 +347,16 @@ def _load_models(model_bytes: list[bytes]) -> None:
         _MODEL_BYTES[:] = model_bytes
 
 
+def _quiet_worker() -> None:
+    """A worker speaks only through its results: a task's error travels back to the parent, which reports it.
+    Ctrl-C (sent to the whole process group) is left to the parent, which stops the pool; a worker whose
+    parent was killed finds its pipe broken and exits without a traceback on the user's terminal."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (open for the worker's lifetime)
+
+
 def _run(job: tuple[Callable, list[bytes], Any]) -> Any:
     fn, model_bytes, task = job
     _load_models(model_bytes)
@@ -298,7 +376,7 @@ class Workers:
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (torch, tqdm)
-        self._pool = ctx.Pool(workers)
+        self._pool = ctx.Pool(workers, initializer=_quiet_worker)
 
     def __enter__(self) -> Workers:
         return self

@@ -75,8 +75,10 @@ def encode_parallel(
     tgt_vocab: Vocab,
     max_len: int | None = None,
     split: str = "the data",
+    limit: str = "data.max_len",
 ) -> ParallelData:
-    """Tokenise; drop pairs with an empty side, and (when max_len is set) pairs with a side over max_len."""
+    """Tokenise; drop pairs with an empty side, and (when max_len is set) pairs with a side over max_len.
+    `split` names the files in an error, `limit` where max_len comes from."""
     keep = [i for i, (s, t) in enumerate(zip(src_lines, tgt_lines)) if s.strip() and t.strip()]
     dropped_empty = len(src_lines) - len(keep)
     src_text = [src_lines[i] for i in keep]
@@ -94,8 +96,8 @@ def encode_parallel(
     if not data.src:
         why = f"{data.dropped_empty} of {len(src_lines)} have an empty side"
         if max_len is not None:
-            why += f", {data.dropped_long} have a side over {max_len} pieces (data.max_len)"
-        raise UserError(f"{split}: no sentence pairs left ({why}); check the {split} files")
+            why += f", {data.dropped_long} have a side over {max_len} pieces ({limit})"
+        raise UserError(f"no sentence pairs left in {split} ({why})")
     return data
 
 

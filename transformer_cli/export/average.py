@@ -17,7 +17,7 @@ import torch
 from transformer_cli.checkpoint import Checkpoint, read_checkpoint, serialize
 from transformer_cli.errors import UserError
 from transformer_cli.export.folders import check_writable_file
-from transformer_cli.files import write_atomic
+from transformer_cli.files import remove_stale_temporaries, write_atomic
 
 # What only a resumed training run needs: an average is never resumed.
 _TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng", "train_state")
@@ -27,11 +27,12 @@ _STEP_FILE = re.compile(r"step_(\d+)\.pt")
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     """The state to save for the mean of `paths`' weights (fp32 sums; tied tensors averaged once).
 
-    Raises a one-line UserError for a missing or damaged file, fewer than two files, or checkpoints that
-    differ in kind, model section or vocabulary.
+    Raises a one-line UserError for a missing or damaged file, fewer than two files, a file given twice, or
+    checkpoints that differ in kind, model section or vocabulary.
     """
     if len(paths) < 2:
         raise UserError(f"averaging needs at least two checkpoints, got {len(paths)}")
+    check_distinct(paths)
     first = read_checkpoint(paths[0])
     total = _fp32_weights(first)
     steps = [_step(first)]
@@ -88,6 +89,48 @@ def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
         raise UserError(f"cannot average {where}: they were trained with different vocabularies")
 
 
+def check_distinct(paths: list[Path]) -> None:
+    """Refuse a checkpoint given twice (`a.pt ./a.pt`, a link to it, or a copy of the same bytes): its weights
+    would count twice, and the result would not be the mean of the checkpoints the message names."""
+    files: dict[tuple[int, int], Path] = {}
+    sizes: dict[int, list[Path]] = {}
+    digests: dict[Path, str] = {}
+
+    def digest(path: Path) -> str:
+        if path not in digests:
+            digests[path] = _digest(path)
+        return digests[path]
+
+    for path in paths:
+        try:
+            info = path.stat()
+        except OSError:
+            continue  # read_checkpoint names the missing file
+        same = files.get((info.st_dev, info.st_ino))
+        if same is None:  # a copy has the same size: only files of equal size are hashed
+            same = next((p for p in sizes.get(info.st_size, []) if digest(p) == digest(path)), None)
+            how = "identical copies"
+        else:
+            how = "the same file"
+        if same is not None:
+            raise UserError(f"{same} and {path} are {how}: each checkpoint may be averaged once; remove one of them")
+        files[(info.st_dev, info.st_ino)] = path
+        sizes.setdefault(info.st_size, []).append(path)
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return f"unreadable {path}"  # read_checkpoint names it
+    return digest.hexdigest()
+
+
 def checkpoints_to_average(checkpoints: list[Path] | None, run: Path | None, last: int | None) -> list[Path]:
     """The files named by `--checkpoints A B ...`, or by `--run DIR --last N`; exactly one of the two."""
     if (checkpoints is None) == (run is None):
@@ -118,6 +161,7 @@ def last_step_checkpoints(run_dir: Path, n: int) -> list[Path]:
 def write_average(paths: list[Path], out: Path, force: bool = False) -> dict[str, Any]:
     """Average `paths` into the checkpoint `out` (atomically; an existing file only with `force`)."""
     check_writable_file(out)
+    remove_stale_temporaries(out.parent, out.name, live_writers=True)  # of an interrupted average to `out`
     if out.exists() and not force:
         raise UserError(f"{out} exists; pass --force to overwrite it")
     if out.resolve() in {p.resolve() for p in paths}:

@@ -25,8 +25,8 @@ import torch
 
 from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.errors import UserError
-from transformer_cli.export.folders import prepare_folder
-from transformer_cli.files import write_atomic
+from transformer_cli.export.folders import STAGING, prepare_folder
+from transformer_cli.files import remove_stale_temporaries, temporary_name, write_atomic
 from transformer_cli.vocab import Vocab
 
 QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float16")
@@ -143,7 +143,7 @@ def _pieces(vocab: Vocab) -> list[str]:
 
 def _save(spec: Any, out_dir: Path) -> None:
     """spec.save into a staging folder inside out_dir, then each file renamed into place."""
-    staging = out_dir / f".ct2.tmp{os.getpid()}"
+    staging = temporary_name(out_dir / STAGING)
     try:
         staging.mkdir()
         try:
@@ -151,9 +151,7 @@ def _save(spec: Any, out_dir: Path) -> None:
             for f in staging.iterdir():
                 os.replace(f, out_dir / f.name)
         finally:
-            for f in staging.iterdir():
-                f.unlink()
-            staging.rmdir()
+            remove_stale_temporaries(out_dir, STAGING)
     except OSError as e:
         raise UserError(f"cannot write {out_dir}: {e.strerror or e}") from None
 

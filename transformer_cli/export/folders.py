@@ -7,14 +7,22 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from transformer_cli.errors import UserError
+from transformer_cli.files import remove_stale_temporaries
+
+STAGING = "export"  # `.export.tmpPID`: the folder an export writes into before its files are renamed into place
 
 
 def prepare_folder(out_dir: Path, force: bool, owned: Iterable[str], what: str) -> None:
     """Create `out_dir`, or check it: a non-empty folder needs `force`, which deletes the files named or
-    matched (glob patterns) by `owned` there. `what` names those files in the error ("HF model and tokenizer")."""
+    matched (glob patterns) by `owned` there. `what` names those files in the error ("HF model and tokenizer").
+
+    The temporaries an interrupted export left there (its hidden `.NAME.tmpPID` files and staging folder,
+    whose process has ended) are removed first: they are never the user's, and never block the next export."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file, not a folder")
     try:
+        for name in [STAGING, *(n for n in owned if "*" not in n)]:
+            remove_stale_temporaries(out_dir, name, live_writers=True)
         if out_dir.is_dir() and any(out_dir.iterdir()):
             if not force:
                 raise UserError(f"--out {out_dir} is not empty; pass --force to replace the {what} files in it")

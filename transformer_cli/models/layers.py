@@ -106,14 +106,17 @@ def attention_weights(q: Tensor, k: Tensor, pad_mask: Tensor | None = None, caus
     Padded keys (pad_mask (B, S), True = padding) and, with `causal`, keys after the query get weight 0
     (query t sees keys <= t: SDPA's is_causal).
     """
-    scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * q.size(-1) ** -0.5  # (B, H, T, S)
-    if pad_mask is not None:
-        scores = scores.masked_fill(pad_mask[:, None, None, :], float("-inf"))
-    if causal:
-        T, S = scores.shape[-2:]
-        future = torch.ones(T, S, dtype=torch.bool, device=scores.device).triu(1)  # (T, S)
-        scores = scores.masked_fill(future, float("-inf"))
-    return scores.softmax(-1)
+    # Autocast (bf16 / fp16 runs) would cast the matmul back to half precision: these weights are read as
+    # probabilities (heatmaps, alignments), so they are computed in fp32 on every machine.
+    with torch.autocast(q.device.type, enabled=False):
+        scores = torch.matmul(q.float(), k.float().transpose(-2, -1)) * q.size(-1) ** -0.5  # (B, H, T, S)
+        if pad_mask is not None:
+            scores = scores.masked_fill(pad_mask[:, None, None, :], float("-inf"))
+        if causal:
+            T, S = scores.shape[-2:]
+            future = torch.ones(T, S, dtype=torch.bool, device=scores.device).triu(1)  # (T, S)
+            scores = scores.masked_fill(future, float("-inf"))
+        return scores.softmax(-1, dtype=torch.float32)
 
 
 class MultiHeadAttention(nn.Module):

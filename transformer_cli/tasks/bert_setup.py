@@ -128,15 +128,26 @@ class BertSetup(SetupBase):
                 document_sentences(self.paths["train"], self.cfg.data), v.max_sentences, self.cfg.train.seed
             )
             return [train_bert_vocab(sample, self.cfg, source=str(self.paths["train"]))]
-        source = f"vocab.model {v.model}" if manifest is None and self.hf_vocab is None else str(self.paths["train"])
+        if manifest is not None:
+            source = f"the preprocessed folder {manifest.folder} (data.preprocessed)"
+        elif self.hf_vocab is not None:
+            source = f"--init-from-hf {self.init_from_hf}"
+        else:
+            source = f"vocab.model {v.model}"
         check_bert_vocab(vocab, source)
         if self.hf_vocab is not None and vocab != self.hf_vocab:
-            raise UserError(f"the --init-from-hf folder has another vocabulary than {source}")
+            raise UserError(
+                f"--init-from-hf {self.init_from_hf} has another vocabulary (spiece.model) than {source}; "
+                "preprocess the data with the folder's vocabulary (vocab.model: its spiece.model) or start without it"
+            )
         return [vocab]
 
     def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Vocab]:
         if self.hf_vocab is not None and self.hf_vocab != ckpt.vocabs[0]:
-            raise UserError(f"the --init-from-hf folder has another vocabulary than {ckpt.path}")
+            raise UserError(
+                f"--init-from-hf {self.init_from_hf} has another vocabulary (spiece.model) than the run it "
+                f"would continue ({ckpt.path}); resume without --init-from-hf, or start a new --out"
+            )
         return [ckpt.vocabs[0]]
 
     def write_shards(self, folder: Path, vocabs: list[Vocab], quiet: bool) -> dict[str, Any]:

@@ -1,0 +1,514 @@
+"""The README's "What tcli guarantees" for the commands that read or write a user's files (issue 25): every bad
+input, odd path or refused run is one line with exit code 2 and leaves the disk as it was.
+
+Each test holds a class of faults, not one example: every command with a path option, every damage of a
+preprocessed array, every config.json key that changes the model. Commands run in this process (CliRunner);
+tests/test_writers_atomic.py holds the ones whose subject is a signal or a killed process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from transformer_cli.checkpoint import serialize
+from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config
+from transformer_cli.files import write_atomic
+from transformer_cli.models.builders import build_transformer
+
+from .conftest import ROOT, toy_subset
+
+TRANSLATION = {
+    "data": {"max_len": 40},
+    "vocab": {"size": 100, "max_sentences": 300},
+    "model": {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1, "max_positions": 64},
+    "train": {"max_steps": 2, "max_tokens": 300, "warmup_steps": 1, "eval_every": 2, "log_every": 1},
+    "eval": {"beam": 1},
+}
+BERT = {
+    "data": {"max_seq_len": 32, "max_predictions": 5},
+    "vocab": {"size": 120, "max_sentences": 300},
+    "model": {"d_model": 16, "layers": 1, "heads": 2, "ffn_dim": 32, "max_positions": 32},
+    "train": {"max_steps": 2, "batch_size": 8, "warmup_steps": 1, "eval_every": 2, "log_every": 1},
+}
+LONG = "n" * 300  # one path component over the 255 bytes file systems allow
+
+
+def tcli(*args: str) -> tuple[int, str]:
+    """The command in this process: exit code, stderr."""
+    from typer.testing import CliRunner
+
+    from transformer_cli.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return result.exit_code, result.stderr
+
+
+def one_line_error(code: int, err: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: "), err
+    assert not [line for line in lines if line.startswith("error:")][1:], err
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (hidden ones included) with the hash of its bytes."""
+    if not folder.exists():
+        return {}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(folder.rglob("*"))
+        if p.name != ".lock"
+    }
+
+
+def bert_text(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for name, n in (("train.txt", 1200), ("valid.txt", 200)):
+        lines = (ROOT / "data" / "bert_toy" / name).read_text(encoding="utf-8").splitlines()[:n]
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def write_config(path: Path, raw: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(raw))  # JSON is YAML
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    """Configs, their preprocessed folders, a finished BERT run, checkpoints and an HF export: made once."""
+    root = tmp_path_factory.mktemp("promises")
+    tr = {**TRANSLATION, "data": {**TRANSLATION["data"], "dir": str(toy_subset(root / "toy", 150, 8))}}
+    bert = {**BERT, "data": {**BERT["data"], "dir": str(bert_text(root / "bert_toy"))}}
+    w = {
+        "root": root,
+        "tr_yaml": write_config(root / "tr.yaml", tr),
+        "bert_yaml": write_config(root / "bert.yaml", bert),
+    }
+    for kind in ("tr", "bert"):
+        w[f"pre_{kind}"] = root / f"pre_{kind}"
+        code, err = tcli("preprocess", "--config", w[f"{kind}_yaml"], "--out", w[f"pre_{kind}"], "--quiet")
+        assert code == 0, err
+    w["bert_run"] = root / "bert_run"
+    code, err = tcli("pretrain-bert", "--config", w["bert_yaml"], "--out", w["bert_run"], "--quiet", "--device", "cpu")
+    assert code == 0, err
+    w["tr_ckpt"] = write_translation_checkpoint(root / "tr.pt", seed=1)
+    w["tr_ckpt2"] = write_translation_checkpoint(root / "tr2.pt", seed=2)
+    w["bert_ckpt"] = w["bert_run"] / "checkpoints" / "last.pt"
+    w["hf"] = root / "hf"
+    code, err = tcli("export-hf", "--checkpoint", w["bert_ckpt"], "--out", w["hf"])
+    assert code == 0, err
+    return w
+
+
+def write_translation_checkpoint(path: Path, seed: int) -> Path:
+    from transformer_cli.datasets.text import read_lines
+    from transformer_cli.vocab import train_vocab
+
+    vocab = train_vocab(read_lines(ROOT / "data" / "toy" / "train.src")[:500], size=100)
+    cfg = build_config(TranslationRunConfig, TRANSLATION, "test")
+    torch.manual_seed(seed)
+    state = {
+        "tcli": {"kind": "translation", "version": "test"},
+        "config": cfg.model_dump(mode="json"),
+        "vocab": {"joint": vocab.model_bytes},
+        "model": build_transformer(cfg.model, len(vocab), len(vocab)).state_dict(),
+        "train_state": {"step": seed},
+    }
+    write_atomic(serialize(state), path)
+    return path
+
+
+# ----------------------------------------------------------------------------- 1. preprocess into another kind
+
+
+@pytest.mark.parametrize("into", ["tr", "bert"])
+def test_preprocess_never_replaces_the_other_kind_without_force(world, tmp_path, into):
+    other = "bert" if into == "tr" else "tr"
+    folder = tmp_path / "pre"
+    shutil.copytree(world[f"pre_{into}"], folder)
+    before = snapshot(folder)
+    one_line_error(*tcli("preprocess", "--config", world[f"{other}_yaml"], "--out", folder, "--quiet"))
+    assert snapshot(folder) == before
+    code, err = tcli("preprocess", "--config", world[f"{other}_yaml"], "--out", folder, "--quiet", "--force")
+    assert code == 0, err
+    # only the new kind's files: the same names as a preprocessing into an empty folder
+    assert sorted(snapshot(folder)) == sorted(snapshot(world[f"pre_{other}"]))
+
+
+# ----------------------------------------------------------------------------- 2, 9. damaged arrays
+
+
+def damage(folder: Path, how: str) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    dtype = np.dtype(manifest["dtype"])
+    binary = sorted(folder.glob("train.*.bin"))[0]
+    if how == "id_beyond_vocab":
+        ids = np.fromfile(binary, dtype)
+        ids[len(ids) // 2] = np.iinfo(dtype).max if dtype.kind == "u" else 1 << 30
+        ids.tofile(binary)
+    elif how == "offsets_backwards":
+        index = binary.with_suffix(".idx")
+        offsets = np.fromfile(index, "<i8")
+        offsets[1], offsets[2] = offsets[2], offsets[1]
+        offsets.tofile(index)
+    elif how == "negative_id":
+        manifest["dtype"] = "<i2" if dtype.itemsize == 2 else "<i4"
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        ids = np.fromfile(binary, manifest["dtype"])
+        ids[3] = -5
+        ids.tofile(binary)
+
+
+@pytest.mark.parametrize("kind", ["tr", "bert"])
+@pytest.mark.parametrize("how", ["id_beyond_vocab", "offsets_backwards", "negative_id"])
+def test_a_damaged_preprocessed_folder_is_refused_before_anything_is_written(world, tmp_path, kind, how):
+    folder = tmp_path / "pre"
+    shutil.copytree(world[f"pre_{kind}"], folder)
+    damage(folder, how)
+    out = tmp_path / "run"
+    command = "train" if kind == "tr" else "pretrain-bert"
+    set_ = f"data.preprocessed={folder}"
+    code, err = tcli(command, "--config", world[f"{kind}_yaml"], "--out", out, "--set", set_, "--quiet")
+    one_line_error(code, err)
+    assert str(folder) in err and "preprocess" in err
+    assert not out.exists()  # no config.yaml, run.json or vocabulary left behind
+    # tcli preprocess agrees with training: the folder is redone, not "up to date"
+    code, err = tcli("preprocess", "--config", world[f"{kind}_yaml"], "--out", folder)
+    assert code == 0 and "up to date" not in err, err
+    assert sorted(snapshot(folder)) == sorted(snapshot(world[f"pre_{kind}"]))
+
+
+def test_a_refused_resume_with_init_from_hf_changes_nothing(world, tmp_path):
+    """A finished run, raised max_steps, and an HF folder of another vocabulary: refused, naming the folder,
+    and run.json, config.yaml and the logs stay as they were (the next plain resume does not rerun the end)."""
+    run = tmp_path / "run"
+    shutil.copytree(world["bert_run"], run)
+    other = tmp_path / "hf_other"
+    shutil.copytree(world["hf"], other)
+    # a BERT vocabulary of the same size from other text: the folder loads, only its vocabulary differs
+    from transformer_cli.tasks.bert_setup import train_bert_vocab
+
+    lines = (ROOT / "data" / "bert_toy" / "train.txt").read_text(encoding="utf-8").splitlines()[5000:8000]
+    vocab = train_bert_vocab(lines, build_config(BertRunConfig, BERT, "test"))
+    assert len(vocab) == json.loads((other / "config.json").read_text())["vocab_size"]
+    (other / "spiece.model").write_bytes(vocab.model_bytes)
+    before = snapshot(run)
+    code, err = tcli(
+        "pretrain-bert",
+        "--config",
+        world["bert_yaml"],
+        "--out",
+        run,
+        "--resume",
+        "auto",
+        "--set",
+        "train.max_steps=4",
+        "--init-from-hf",
+        other,
+        "--quiet",
+    )
+    one_line_error(code, err)
+    assert "another vocabulary" in err and str(other) in err
+    assert snapshot(run) == before
+
+
+# ----------------------------------------------------------------------------- 3. not a training checkpoint
+
+
+@pytest.mark.parametrize("replace_with", ["average", "export_like", "no_rng", "bad_train_state"])
+def test_resume_from_a_checkpoint_that_is_not_a_training_state_is_one_line(world, tmp_path, replace_with):
+    run = tmp_path / "run"
+    shutil.copytree(world["bert_run"], run)
+    last = run / "checkpoints" / "last.pt"
+    state = torch.load(last, weights_only=True)
+    if replace_with == "average":
+        step = sorted((run / "checkpoints").glob("*.pt"))
+        code, err = tcli("average", "--checkpoints", last, step[0], "--out", tmp_path / "avg.pt")
+        if code != 0:  # best.pt is last.pt here (2 steps): average two distinct files
+            state = {k: v for k, v in state.items() if k not in ("optimizer", "train_state")}
+            state["tcli"] = {**state["tcli"], "averaged": {"checkpoints": [], "steps": []}}
+            write_atomic(serialize(state), tmp_path / "avg.pt")
+        shutil.copy(tmp_path / "avg.pt", last)
+    elif replace_with == "export_like":
+        write_atomic(serialize({k: state[k] for k in ("tcli", "config", "vocab", "model")}), last)
+    elif replace_with == "no_rng":
+        write_atomic(serialize({k: v for k, v in state.items() if k != "rng"}), last)
+    else:
+        write_atomic(serialize({**state, "train_state": {**state["train_state"], "step": "2"}}), last)
+    before = snapshot(run)
+    code, err = tcli(
+        "pretrain-bert", "--config", world["bert_yaml"], "--out", run, "--resume", "auto", "--set", "train.max_steps=4"
+    )
+    one_line_error(code, err)
+    assert "last.pt" in err
+    assert snapshot(run) == before
+
+
+# ----------------------------------------------------------------------------- 4. names over 255 bytes
+
+
+def long_name_cases(w: dict[str, Path], tmp: Path) -> list[list]:
+    long = tmp / LONG
+    return [
+        ["plot", long],
+        ["plot", w["bert_run"], "--out", long / "c.png"],
+        ["plot", w["bert_run"], "--out", tmp / f"{LONG}.png"],
+        ["average", "--checkpoints", w["tr_ckpt"], w["tr_ckpt2"], "--out", tmp / f"{LONG}.pt"],
+        ["average", "--checkpoints", w["tr_ckpt"], long, "--out", tmp / "a.pt"],
+        ["export-hf", "--checkpoint", w["bert_ckpt"], "--out", long],
+        ["export-hf", "--checkpoint", long, "--out", tmp / "x"],
+        ["export-ct2", "--checkpoint", w["tr_ckpt"], "--out", long],
+        ["preprocess", "--config", w["tr_yaml"], "--out", long],
+        ["preprocess", "--config", long, "--out", tmp / "p"],
+        ["evaluate", "--checkpoint", w["tr_ckpt"], "--input", long, "--reference", long],
+        ["evaluate", "--checkpoint", long, "--split", "val"],
+        ["pretrain-bert", "--config", w["bert_yaml"], "--out", tmp / "r", "--init-from-hf", long],
+        ["pretrain-bert", "--config", w["bert_yaml"], "--out", tmp / "r", "--set", f"data.preprocessed={long}"],
+        ["train", "--config", w["tr_yaml"], "--out", long],
+        ["train", "--config", w["tr_yaml"], "--out", tmp / "r", "--set", f"data.dir={long}"],
+        ["translate", "--checkpoint", w["tr_ckpt"], "--output", tmp / f"{LONG}.txt", "--input", w["tr_yaml"]],
+        ["translate", "--checkpoint", w["tr_ckpt"], "--attention", long, "--input", w["tr_yaml"]],
+        ["fill-mask", "--checkpoint", w["bert_ckpt"], "--input", long],
+        ["count-params", "--checkpoint", long],
+    ]
+
+
+def test_a_name_over_255_bytes_is_one_line_for_every_command_and_path(world, tmp_path):
+    for case in long_name_cases(world, tmp_path):
+        code, err = tcli(*case)
+        assert code == 2 and "Traceback" not in err, (case[:2], err)
+        assert "255" in err or "too long" in err, (case[:2], err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written anywhere
+
+
+# ----------------------------------------------------------------------------- 5. plot
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        b'{"event":"train","step":"abc","loss":1.0}\n{"event":"train","step":2,"loss":0.5,"lr":0.1}\n',
+        b'{"event":"train","step":1,"loss":NaN}\n{"event":"eval","step":2,"valid_loss":1,"wall_s":"x"}\n',
+        b'{"event":"train","step":true,"loss":1}\n{"event":"train","step":2,"loss":0.5}\n',
+        b'{"event":"train","step":1e999,"loss":1}\n{"event":"train","step":3,"loss":0.5}\n',
+        bytes(range(256)) * 40,
+        b"\xff\xfe" + '{"event":"train","step":1,"loss":1}'.encode("utf-16-le"),
+        b'[1,2]\n"text"\n{"event":"eval"}\n' + b"[" * 100_000 + b"\n",
+    ],
+)
+def test_plot_reads_any_metrics_file_without_a_traceback(tmp_path, log):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "metrics.jsonl").write_bytes(log)
+    code, err = tcli("plot", tmp_path, "--out", tmp_path / "c.png")
+    if code != 0:
+        one_line_error(code, err)
+    else:
+        assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("out", ["/proc/curves.png", "/sys/curves.png", "c.txt", "c.docx", "dir.png/"])
+def test_plot_refuses_outputs_it_cannot_write(world, tmp_path, out):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / out if not out.startswith("/") else Path(out)
+    if out.endswith("/"):
+        target.mkdir()
+    one_line_error(*tcli("plot", world["bert_run"], "--out", target))
+    assert [p.name for p in tmp_path.iterdir()] == (["dir.png"] if out.endswith("/") else [])
+
+
+@pytest.mark.parametrize("name", ["noext", "curves.png", "curves.svg", "curves.pdf"])
+def test_plot_writes_exactly_the_file_it_names(world, tmp_path, name):
+    pytest.importorskip("matplotlib")
+    code, err = tcli("plot", world["bert_run"], "--out", tmp_path / name)
+    assert code == 0, err
+    assert err.strip() == f"wrote {tmp_path / name}"
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+# ----------------------------------------------------------------------------- 6. silent wrong results
+
+
+@pytest.mark.parametrize("twice", ["same_path", "dot_path", "symlink", "copy", "hardlink"])
+def test_average_refuses_a_checkpoint_given_twice(world, tmp_path, twice, monkeypatch):
+    a = tmp_path / "a.pt"
+    shutil.copy(world["tr_ckpt"], a)
+    monkeypatch.chdir(tmp_path)
+    second = {
+        "same_path": lambda: a,
+        "dot_path": lambda: Path("./a.pt"),
+        "symlink": lambda: (tmp_path / "l.pt").symlink_to(a) or tmp_path / "l.pt",
+        "copy": lambda: shutil.copy(a, tmp_path / "c.pt") and tmp_path / "c.pt",
+        "hardlink": lambda: (tmp_path / "h.pt").hardlink_to(a) or tmp_path / "h.pt",
+    }[twice]()
+    one_line_error(*tcli("average", "--checkpoints", a, world["tr_ckpt2"], second, "--out", tmp_path / "avg.pt"))
+    assert not (tmp_path / "avg.pt").exists()
+
+
+# (key, value): each changes what the model computes; absent keys take transformers' defaults, tcli's values.
+FUNCTION_CHANGES = [
+    ("hidden_act", "relu"),
+    ("hidden_act", "gelu_new"),
+    ("layer_norm_eps", 1e-5),
+    ("position_embedding_type", "relative_key"),
+    ("type_vocab_size", 3),
+    ("is_decoder", True),
+    ("tie_word_embeddings", False),
+    ("model_type", "roberta"),
+]
+
+
+@pytest.mark.parametrize("key,value", FUNCTION_CHANGES)
+def test_init_from_hf_refuses_a_config_key_that_changes_the_function(world, tmp_path, key, value):
+    folder = tmp_path / "hf"
+    shutil.copytree(world["hf"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    out = tmp_path / "run"
+    code, err = tcli("pretrain-bert", "--config", world["bert_yaml"], "--out", out, "--init-from-hf", folder)
+    one_line_error(code, err)
+    assert key in err
+    assert not out.exists()
+
+
+def test_init_from_hf_refuses_an_untied_decoder(world, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "hf"
+    shutil.copytree(world["hf"], folder)
+    weights = load_file(folder / "model.safetensors")
+    weights["cls.predictions.decoder.weight"] = weights["bert.embeddings.word_embeddings.weight"] + 1
+    save_file(weights, folder / "model.safetensors")
+    one_line_error(
+        *tcli("pretrain-bert", "--config", world["bert_yaml"], "--out", tmp_path / "r", "--init-from-hf", folder)
+    )
+
+
+def test_init_from_hf_defaults_and_the_export_itself_are_accepted(world):
+    """Keys left out take transformers' defaults, which are tcli's values: such a folder loads."""
+    from transformer_cli.hf import load_hf_bert
+
+    cfg = build_config(BertRunConfig, BERT, "test")
+    load_hf_bert(world["hf"], cfg.model)
+    config = json.loads((world["hf"] / "config.json").read_text())
+    from transformer_cli.hf import FUNCTION_KEYS, check_hf_config, hf_config
+
+    check_hf_config({k: v for k, v in config.items() if k not in FUNCTION_KEYS}, hf_config(cfg.model, 0), "x")
+
+
+# ----------------------------------------------------------------------------- 7. unbounded work
+
+
+@pytest.mark.parametrize("beam", ["0", "257", "100000"])
+def test_evaluate_bounds_the_beam_like_translate(world, beam):
+    for command, data in (("translate", ["--input", world["tr_yaml"]]), ("evaluate", ["--split", "val"])):
+        code, err = tcli(command, "--checkpoint", world["tr_ckpt"], "--beam", beam, *data)
+        assert code == 2 and "--beam" in err and "Traceback" not in err, err
+
+
+def test_a_heatmap_draws_a_bounded_number_of_pieces(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    from transformer_cli.attention_plot import HEATMAP_MAX_PIECES, heatmaps
+
+    for n in (HEATMAP_MAX_PIECES, 3000):
+        labels = [f"p{i}" for i in range(n)]
+        path = tmp_path / f"{n}.png"
+        weights = np.full((n, n), 1.0 / n, np.float32)
+        heatmaps(path, [("layer 0", weights)], labels, labels, "t", "x", "y")
+        assert matplotlib.image.imread(path).shape[:2] == matplotlib.image.imread(tmp_path / f"{n}.png").shape[:2]
+    assert (
+        matplotlib.image.imread(tmp_path / "3000.png").shape
+        == matplotlib.image.imread(tmp_path / f"{HEATMAP_MAX_PIECES}.png").shape
+    )
+
+
+# ----------------------------------------------------------------------------- 10. messages
+
+
+@pytest.mark.parametrize(
+    "change,expected",
+    [
+        ({"hidden_size": "16"}, "'16' (str)"),
+        ({"num_attention_heads": 2.0}, "2.0 (float)"),
+        ({"hidden_size": None}, "None (NoneType)"),
+        ({"model_type": "gpt2", "n_embd": 16}, "'gpt2'"),
+        ({"layer_norm_eps": "1e-12"}, "layer_norm_eps"),
+    ],
+)
+def test_init_from_hf_config_messages_name_the_key_and_the_value(world, tmp_path, change, expected):
+    folder = tmp_path / "hf"
+    shutil.copytree(world["hf"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    if change.get("model_type") == "gpt2":
+        config = {k: v for k, v in config.items() if k not in ("hidden_size", "num_hidden_layers")}
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    code, err = tcli("pretrain-bert", "--config", world["bert_yaml"], "--out", tmp_path / "r", "--init-from-hf", folder)
+    one_line_error(code, err)
+    assert expected in err, err
+    assert "model.d_model=None" not in err and "is 16 but" not in err
+
+
+def test_evaluate_on_pairs_that_are_all_too_long_names_the_files_and_the_limit(world, tmp_path):
+    src, ref = tmp_path / "in.src", tmp_path / "in.ref"
+    src.write_text("dog " * 200 + "\n")
+    ref.write_text("Hund " * 200 + "\n")
+    code, err = tcli("evaluate", "--checkpoint", world["tr_ckpt"], "--input", src, "--reference", ref)
+    one_line_error(code, err)
+    assert str(src) in err and str(ref) in err and "model.max_positions" in err
+    assert "the the" not in err and "data.max_len" not in err
+
+
+def test_help_shows_every_bracket_of_every_docstring():
+    """The help renderer takes text as it is written: `pip install -e ".[ct2]"` keeps its [ct2]."""
+    from typer.testing import CliRunner
+
+    from transformer_cli.cli import app
+
+    for command in app.registered_commands:
+        doc = command.callback.__doc__ or ""
+        name = command.name or command.callback.__name__.replace("_", "-")
+        shown = " ".join(CliRunner().invoke(app, [name, "--help"]).output.split())
+        for bracket in {part.split("]")[0] for part in doc.split("[")[1:]}:
+            assert f"[{bracket}]" in shown, (name, bracket)
+    assert '".[ct2]"' in " ".join(CliRunner().invoke(app, ["export-ct2", "--help"]).output.split())
+
+
+# ----------------------------------------------------------------------------- attention maps under bf16
+
+
+def test_attention_maps_are_fp32_probabilities_under_bf16_autocast():
+    """`translate --attention` under bf16 (what precision auto picks on AMX CPUs and recent GPUs): the
+    recorded weights are computed in fp32, so every row sums to 1 like fp32's (bf16 would be off by ~1e-3)."""
+    import contextlib
+
+    from transformer_cli.attention import teacher_forced_attention
+
+    cfg = build_config(TranslationRunConfig, TRANSLATION, "test")
+    torch.manual_seed(0)
+    model = build_transformer(cfg.model, 100, 100).eval()
+    g = torch.Generator().manual_seed(1)
+    pairs = [
+        (torch.randint(4, 100, (n,), generator=g).tolist(), torch.randint(4, 100, (n + 3,), generator=g).tolist())
+        for n in (7, 30)
+    ]
+
+    def bf16() -> contextlib.AbstractContextManager:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    fp32 = teacher_forced_attention(model, pairs, 2, 3, torch.device("cpu"))
+    for maps, reference in zip(teacher_forced_attention(model, pairs, 2, 3, torch.device("cpu"), bf16), fp32):
+        for kind in ("encoder", "decoder", "cross"):
+            assert maps[kind].dtype == np.float32
+            np.testing.assert_allclose(maps[kind].sum(-1), 1.0, atol=1e-5)
+            np.testing.assert_allclose(maps[kind], reference[kind], atol=0.05)  # the same Q and K, rounded by bf16

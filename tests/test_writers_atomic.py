@@ -1,0 +1,185 @@
+"""Every writer of a user's file is atomic, and the temporaries an interrupted writer left never block the next
+run (README, "What tcli guarantees"). Signals need a real process: those cases run `python -m transformer_cli`
+in a subprocess; the rest run in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transformer_cli.files import write_atomic
+
+from .conftest import ROOT
+from .test_promises import BERT, bert_text, tcli, write_config, write_translation_checkpoint
+
+
+def finished_pid() -> int:
+    """The PID of a process that has ended: what a SIGKILLed writer leaves in its temporaries' names."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("writers")
+    bert = {**BERT, "data": {**BERT["data"], "dir": str(bert_text(root / "bert_toy"))}}
+    config = write_config(root / "bert.yaml", bert)
+    run = root / "run"
+    code, err = tcli("pretrain-bert", "--config", config, "--out", run, "--quiet", "--device", "cpu")
+    assert code == 0, err
+    return {
+        "run": run,
+        "bert": run / "checkpoints" / "last.pt",
+        "tr1": write_translation_checkpoint(root / "a.pt", 1),
+        "tr2": write_translation_checkpoint(root / "b.pt", 2),
+    }
+
+
+def test_an_interrupted_atomic_write_leaves_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "x.bin"
+    target.write_bytes(b"old")
+
+    def interrupted(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(b"new", target)
+    assert [p.name for p in tmp_path.iterdir()] == ["x.bin"] and target.read_bytes() == b"old"
+
+
+# What each writer leaves when SIGKILL stops it, and the run that must neither be blocked nor keep it.
+STALE = {
+    "export-hf": lambda f, out: (
+        out,
+        [".model.safetensors.tmp{pid}", ".config.json.tmp{pid}"],
+        ["--checkpoint", f["bert"]],
+    ),
+    "average": lambda f, out: (out.parent, [".avg.pt.tmp{pid}"], ["--checkpoints", f["tr1"], f["tr2"]]),
+    "plot": lambda f, out: (out.parent, [".c.png.tmp{pid}"], [f["run"]]),
+    "export-ct2": lambda f, out: (
+        out,
+        [".export.tmp{pid}/model.bin", ".sentencepiece.model.tmp{pid}"],
+        ["--checkpoint", f["tr1"]],
+    ),
+}
+
+
+@pytest.mark.parametrize("command", list(STALE))
+@pytest.mark.parametrize("force", [False, True])
+def test_the_next_run_removes_the_temporaries_a_killed_writer_left(files, tmp_path, command, force):
+    if command == "plot":
+        pytest.importorskip("matplotlib")
+    if command == "export-ct2":
+        pytest.importorskip("ctranslate2")
+    out = tmp_path / {"export-hf": "hf", "export-ct2": "ct2", "average": "avg.pt", "plot": "c.png"}[command]
+    folder, stale, args = STALE[command](files, out)
+    pid = finished_pid()
+    for name in stale:
+        path = folder / name.format(pid=pid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half")
+    live = []
+    if force or command in ("average", "plot"):  # (an export refuses a folder a live writer is using)
+        live = [folder / f".{out.name}.tmp{os.getppid()}"]  # the temporary of a live process: kept
+        live[0].write_bytes(b"live")
+    code, err = tcli(command, *args, "--out", out, *(["--force"] if force and command != "plot" else []))
+    assert code == 0, err
+    left = [p.name for p in folder.iterdir() if p.name.startswith(".")]
+    assert left == [p.name for p in live], left
+
+
+def run_with_signal(args: list[str], when: str, sig: int, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`tcli ARGS` in a process that sends itself `sig` while it writes a file whose name contains `when`."""
+    script = f"""
+import os, signal, sys
+from transformer_cli import files
+original = os.fsync
+def fsync(fd):
+    if {when!r} in os.readlink(f"/proc/self/fd/{{fd}}"):
+        os.kill(os.getpid(), {int(sig)})
+    return original(fd)
+os.fsync = fsync
+from transformer_cli.cli import main
+sys.argv = ["tcli"] + sys.argv[1:]
+main()
+"""
+    return subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_export_hf_leaves_no_temporary_and_the_next_export_runs(files, tmp_path, sig, code):
+    out = tmp_path / "hf"
+    done = run_with_signal(
+        ["export-hf", "--checkpoint", files["bert"], "--out", out], "model.safetensors", sig, tmp_path
+    )
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    assert tcli("export-hf", "--checkpoint", files["bert"], "--out", out, "--force")[0] == 0
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_average_leaves_no_temporary(files, tmp_path, sig, code):
+    out = tmp_path / "avg.pt"
+    done = run_with_signal(
+        ["average", "--checkpoints", files["tr1"], files["tr2"], "--out", out], "avg.pt", sig, tmp_path
+    )
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_after_the_work_is_done_prints_no_traceback(files, tmp_path):
+    """A Ctrl-C while the interpreter shuts down (atexit handlers) cannot undo a finished export."""
+    out = tmp_path / "hf"
+    script = """
+import atexit, os, signal, sys
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))
+from transformer_cli.cli import main
+sys.argv = ["tcli"] + sys.argv[1:]
+main()
+"""
+    args = ["export-hf", "--checkpoint", str(files["bert"]), "--out", str(out)]
+    done = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert json.loads((out / "config.json").read_text())["model_type"] == "bert"
+
+
+@pytest.mark.slow
+def test_sigkill_during_preprocess_prints_no_worker_traceback(tmp_path):
+    """The workers of a killed preprocess find their pipe broken: they exit without a word."""
+    from .conftest import toy_subset
+
+    data = toy_subset(tmp_path / "toy", 3000, 8)
+    for lang in ("src", "tgt"):  # over IN_PROCESS_BYTES: worker processes are used
+        text = (data / f"train.{lang}").read_text()
+        (data / f"train.{lang}").write_text(text * 40)
+    config = write_config(tmp_path / "c.yaml", {"data": {"dir": str(data)}, "vocab": {"size": 100}})
+    child = subprocess.Popen(
+        [sys.executable, "-m", "transformer_cli", "preprocess", "--config", str(config), "--out", str(tmp_path / "p")],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((tmp_path / "p").glob("train.*.bin")):
+        time.sleep(0.2)
+    os.kill(child.pid, signal.SIGKILL)
+    _, err = child.communicate(timeout=60)
+    time.sleep(2)  # the workers notice the broken pipe
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    shutil.rmtree(tmp_path / "p", ignore_errors=True)
