@@ -325,6 +325,13 @@ def utilisation(r: dict, kind: str) -> tuple[float, float]:
     return achieved, achieved / r[f"peak_{r['machine']['precision']}"]
 
 
+def kernel_shapes_line(r: dict) -> str:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from kernel_shapes import line
+
+    return line(r)
+
+
 def table(r: dict) -> str:
     m, dtype = r["machine"], r["machine"]["precision"]
     rows = [
@@ -374,6 +381,12 @@ def table(r: dict) -> str:
             f"| peak RSS of translation training, steps {last // 2:,}–{last:,} (evaluating every 250) | "
             f"{m['after_warmup_mb']:.0f} MB at step {last // 2:,}, {m['end_mb']:.0f} MB at the end "
             f"(max {m['max_mb']:.0f}) | — | — | no growth |"
+        )
+    if "shapes" in r:
+        rows.append(
+            f"| new GEMM shapes after warm-up (projection + attention; of the warm-up's; oneDNN kernels created), "
+            f"translation / BERT / beam search, {r['shapes']['precision']} (`python scripts/kernel_shapes.py`) | "
+            f"{kernel_shapes_line(r['shapes'])} | — | — | 0 |"
         )
     if "ddp" in r:
         d = r["ddp"]
@@ -1066,7 +1079,7 @@ def data_table(r: dict, head: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="nmt,bert,decode,memory,ddp", help="comma-separated subset")
+    p.add_argument("--only", default="nmt,bert,decode,memory,shapes,ddp", help="comma-separated subset")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours and the peer")
     p.add_argument("--nmt-steps", type=int, default=200)
     p.add_argument("--bert-steps", type=int, default=150)
@@ -1096,7 +1109,7 @@ def main() -> None:
     }
     dtype = result["machine"]["precision"]
     print(f"machine: {result['machine']['key']}; precision auto = {dtype} (the peers run in {dtype})", file=sys.stderr)
-    speed = only & {"nmt", "bert", "decode", "memory", "ddp"}
+    speed = only & {"nmt", "bert", "decode", "memory", "shapes", "ddp"}
     if speed:  # the speed table's reference; bf16 only where the CPU multiplies it natively (elsewhere one
         # emulated 2048² bf16 matmul takes minutes: 150 s on a 2-core AVX2 EPYC)
         result |= {
@@ -1120,6 +1133,8 @@ def main() -> None:
             result["decode"] = bench_decode(work, a.nmt_checkpoint, a.rounds, dtype)
         if "memory" in only:
             result["memory"] = bench_memory(work, a.memory_steps)
+        if "shapes" in only:
+            result["shapes"] = json.loads(run([sys.executable, "scripts/kernel_shapes.py", "--json"]).stdout)
         if "ddp" in only:
             result["ddp"] = bench_ddp(work, a.ddp_steps)
     sections = {}

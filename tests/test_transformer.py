@@ -250,3 +250,15 @@ def test_cpu_dropout_rate_scale_gradient_and_seed():
     assert torch.equal(drop(x), y)  # the default generator: seeded and resumable
     assert not torch.equal(drop(x), y)
     assert torch.equal(drop.eval()(x), x)
+
+
+def test_beam_search_output_is_the_same_with_and_without_row_padding():
+    """Filling the batch up to a bucket size with copies of a sentence changes no hypothesis."""
+    model = tiny()
+    src = random_src(19, 7, seed=4)  # 19 sentences: run as 20, then fewer as they finish
+    src[::3, 4:] = PAD
+    padded = beam_search(model, src, BOS, EOS, beam=3, nbest=3, max_len_b=8)
+    plain = beam_search(model, src, BOS, EOS, beam=3, nbest=3, max_len_b=8, pad_rows=False)
+    assert [[h.tokens for h in hyps] for hyps in padded] == [[h.tokens for h in hyps] for hyps in plain]
+    for a, b in zip(padded, plain):
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)

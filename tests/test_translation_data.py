@@ -7,8 +7,16 @@ import random
 import pytest
 
 from transformer_cli.datasets.text import read_lines
-from transformer_cli.datasets.translation import collate, encode_parallel, read_parallel, token_batches
+from transformer_cli.datasets.translation import (
+    ParallelData,
+    batch_rows,
+    collate,
+    encode_parallel,
+    read_parallel,
+    token_batches,
+)
 from transformer_cli.errors import UserError
+from transformer_cli.models.buckets import bucket, buckets_upto
 
 from .conftest import MULTI30K, needs_multi30k
 
@@ -101,12 +109,56 @@ def test_token_batches_sort_by_width_then_target_then_source(longest):
     rng = random.Random(longest)
     src = [rng.randint(1, longest) for _ in range(500)]
     tgt = [rng.randint(1, longest) for _ in range(500)]
-    width = [max(s, t) + 1 for s, t in zip(src, tgt)]
+    width = [bucket(max(s, t) + 1) for s, t in zip(src, tgt)]
     plan = token_batches(src, tgt, max_tokens=2 * longest, seed=1, epoch=0, shuffle=False)
-    expected = sorted(range(500), key=lambda i: (width[i], tgt[i], src[i]))  # a stable sort: ties keep the input order
+    # Widest first: a stable sort reversed (ties in reverse input order).
+    expected = sorted(range(500), key=lambda i: (width[i], tgt[i], src[i]))[::-1]
     assert plan.order.tolist() == expected
-    for batch in plan:
+    for j, batch in enumerate(plan):
         assert len(batch) * max(width[i] for i in batch) <= 2 * longest or len(batch) == 1
+        assert len(batch) == batch_rows(2 * longest, width[batch[0]]) or j == len(plan) - 1
     shuffled = token_batches(src, tgt, max_tokens=2 * longest, seed=1, epoch=0)
     assert sorted(shuffled.order.tolist()) == list(range(500))
     assert shuffled == token_batches(src, tgt, 2 * longest, 1, 0)
+
+
+@pytest.mark.parametrize("multiple", [1, 2, 8])
+def test_batches_take_few_shapes_all_from_the_declared_set(multiple):
+    """Every batch is (batch_rows(max_tokens, max(S, T)), S) / (…, T) with S and T from the bucket set: at most
+    (number of widths)**2 shapes whatever the corpus, and the last, short batch is filled with empty rows."""
+    src, tgt = lengths(3000, seed=multiple)
+    data = ParallelData(src=[[5] * n for n in src], tgt=[[6] * n for n in tgt], src_text=[], tgt_text=[])
+    widths = buckets_upto(bucket(41 + 5 + 1, multiple), multiple)
+    shapes = set()
+    for epoch in range(3):
+        plan = token_batches(src, tgt, max_tokens=600, seed=1, epoch=epoch, multiple=multiple)
+        for spec in plan:
+            batch = collate(data, spec, 0, 2, 3, multiple=multiple, max_tokens=600)
+            (rows, S), T = batch.src.shape, batch.labels.size(1)
+            assert S in widths and T in widths and rows == batch_rows(600, max(S, T)) >= len(spec)
+            assert batch.tgt_in.shape == batch.labels.shape == (rows, T)
+            assert batch.tokens == sum(tgt[i] + 1 for i in spec)  # filler rows carry no labels
+            filler = slice(len(spec), None)
+            assert (batch.labels[filler] == 0).all() and (batch.src[filler, 0] == 3).all()
+            assert (batch.tgt_in[filler, 0] == 2).all()
+            shapes.add((rows, S, T))
+    assert len(shapes) <= len(widths) ** 2
+    if multiple == 2:
+        print(f"{len(shapes)} batch shapes over 3 epochs, widths {widths}")
+
+
+def test_padding_rows_change_no_loss(toy_vocab):
+    """A batch filled up with empty rows gives the same summed loss as the batch alone."""
+    import torch
+
+    from transformer_cli.models.transformer import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(64, 64, d_model=16, heads=2, ffn_dim=32, enc_layers=1, dec_layers=1, dropout=0.0).eval()
+    data = ParallelData(src=[[5, 6, 7], [8]], tgt=[[9, 10], [11, 12, 13]], src_text=[], tgt_text=[])
+    alone = collate(data, [0, 1], 0, 2, 3)
+    filled = collate(data, [0, 1], 0, 2, 3, max_tokens=40)
+    assert filled.src.size(0) > alone.src.size(0)
+    a = model(alone.src, alone.tgt_in, labels=alone.labels, label_smoothing=0.1)
+    b = model(filled.src, filled.tgt_in, labels=filled.labels, label_smoothing=0.1)
+    assert torch.allclose(a.loss, b.loss, atol=1e-5) and int(a.tokens) == int(b.tokens)

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from transformer_cli.errors import UserError, quote
+from transformer_cli.models.buckets import bucket
 
 
 class _Loader(yaml.SafeLoader):
@@ -183,8 +184,8 @@ class TrainConfig(Section):
         2,
         ge=1,
         le=512,
-        description="pad batch lengths to a multiple of this: few repeating "
-        "tensor shapes keep memory flat and speed steady (1: no rounding)",
+        description="batch lengths are padded to a set of 8 sizes per doubling, each a multiple of this: "
+        "few repeating tensor shapes keep kernel caches warm, memory flat and speed steady",
     )
 
 
@@ -263,7 +264,7 @@ class TranslationRunConfig(Section):
             raise ValueError("model.share_embeddings needs vocab.joint: true (or set model.share_embeddings: false)")
         if self.data.max_len + 2 > m.max_positions:
             raise ValueError(f"data.max_len ({self.data.max_len}) + 2 exceeds model.max_positions ({m.max_positions})")
-        padded = -(-(self.data.max_len + 1) // self.train.pad_to_multiple) * self.train.pad_to_multiple
+        padded = bucket(self.data.max_len + 1, self.train.pad_to_multiple)
         if padded > m.max_positions:
             raise ValueError(
                 f"train.pad_to_multiple ({self.train.pad_to_multiple}) pads data.max_len + 1 "
@@ -467,7 +468,7 @@ class BertRunConfig(Section):
             raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
         if d.max_seq_len > m.max_positions:
             raise ValueError(f"data.max_seq_len ({d.max_seq_len}) exceeds model.max_positions ({m.max_positions})")
-        padded = -(-d.max_seq_len // self.train.pad_to_multiple) * self.train.pad_to_multiple
+        padded = bucket(d.max_seq_len, self.train.pad_to_multiple)
         if padded > m.max_positions:
             raise ValueError(
                 f"train.pad_to_multiple ({self.train.pad_to_multiple}) pads data.max_seq_len "

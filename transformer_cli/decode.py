@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer_cli.models.buckets import bucket
 from transformer_cli.models.transformer import Transformer
 
 
@@ -55,6 +56,11 @@ def greedy_search(
     return [_strip(row, eos_id, model.pad_id) for row in out[:, 1:].tolist()]
 
 
+def _filled(index: Tensor, n: int) -> Tensor:
+    """index (m,) extended to n >= m entries by repeating its last one."""
+    return torch.cat([index, index[-1:].expand(n - index.numel())]) if n > index.numel() else index
+
+
 def _strip(tokens: list[int], eos_id: int, pad_id: int) -> list[int]:
     if eos_id in tokens:
         tokens = tokens[: tokens.index(eos_id)]
@@ -72,11 +78,19 @@ def beam_search(
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     nbest: int = 1,
+    pad_rows: bool = True,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search; returns the `nbest` best finished hypotheses of each sentence, best first."""
+    """Batched beam search; returns the `nbest` best finished hypotheses of each sentence, best first.
+
+    With `pad_rows`, the model runs on `bucket(sentences)` sentences: copies of the last one fill the batch
+    as sentences finish and leave, so that the decoder's matmuls take a few shapes (a CPU matmul library
+    compiles a kernel per shape) instead of one per count of active sentences; the copies' outputs are
+    dropped, and the search itself sees only the real rows.
+    """
     K, B, device = beam, src.size(0), src.device
-    memory, src_pad = model.encode(src)
+    size = bucket if pad_rows else (lambda n: n)
     limits = max_lengths(src, model.pad_id, max_len_a, max_len_b, model.positions.size(0) - 1)  # (B,)
+    memory, src_pad = model.encode(src[_filled(torch.arange(B, device=device), size(B))])
     T = int(limits.max())
     state = model.start_decoding(memory, src_pad, T)
 
@@ -91,7 +105,8 @@ def beam_search(
 
     for t in range(T):
         b = active.numel()
-        logits = model.decode_step(tokens[:, t : t + 1], state)  # (b*K, V)
+        step_in = tokens[_filled(torch.arange(b * K, device=device), size(b) * K), t : t + 1]
+        logits = model.decode_step(step_in, state)[: b * K]  # (b*K, V)
         at_limit = t + 1 >= limits[active]  # (b,): only EOS may follow
         cand_lprobs, cand_tok = _row_candidates(logits, 2 * K, at_limit.repeat_interleave(K), eos_id)  # (b*K, C)
         C = cand_tok.size(1)
@@ -125,9 +140,9 @@ def beam_search(
         tokens = tokens[next_rows]
         tokens[:, t + 1] = top_tok[keep].gather(1, pick).view(-1)
         scores = alive_scores
-        state.select_rows(next_rows)
+        state.select_rows(_filled(next_rows, size(keep.numel()) * K))
         if keep.numel() < b:
-            state.select_sentences(keep)
+            state.select_sentences(_filled(keep, size(keep.numel())))
             active = active[keep]
 
     results = []
@@ -240,17 +255,20 @@ def decode_corpus(
 
     `context` is a factory of the runtime's context manager (autocast, attention kernel), or None.
     """
-    from transformer_cli.datasets.translation import pad_sequences
+    from transformer_cli.datasets.shards import flatten
+    from transformer_cli.datasets.translation import padded
 
     limit = model.positions.size(0) - 1
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
     results: list[list[Hypothesis]] = [[] for _ in sources]
     start = 0
     while start < len(order):
-        width = min(len(sources[order[start]]), limit - 1) + 1  # the longest of the batch comes first
+        # The longest of the batch comes first; its width, from a small set, sets the batch's shape.
+        width = min(bucket(min(len(sources[order[start]]), limit - 1) + 1), limit)
         size = max(1, opts.max_tokens // width)
         chunk = order[start : start + size]
-        src = pad_sequences([sources[i][: limit - 1] for i in chunk], model.pad_id, suffix=eos_id).to(device)
+        seqs = flatten([sources[i][: limit - 1] for i in chunk])
+        src = padded(*seqs, model.pad_id, suffix=eos_id, width=width).to(device)
         with context() if context is not None else contextlib.nullcontext():
             hyps = beam_search(
                 model, src, bos_id, eos_id, opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b, opts.nbest

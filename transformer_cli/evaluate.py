@@ -112,7 +112,7 @@ def _evaluate_translation(
         **({"beam": beam} if beam is not None else {}),
         **({"lenpen": lenpen} if lenpen is not None else {}),
     )
-    nll = translation_nll(model, data, cfg.train.max_tokens, runtime.device, runtime.context)
+    nll = translation_nll(model, data, cfg.train.max_tokens, runtime.device, runtime.context, cfg.train.pad_to_multiple)
     hyps = translate_texts(model, data.src, opts, ckpt.vocabs[1], runtime.device, runtime.context)
     scores = translation_scores(hyps, data.tgt_text)
     return {

@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -40,14 +41,19 @@ class NllResult:
 
 
 def translation_nll(
-    model: nn.Module, data: ParallelData, max_tokens: int, device: torch.device, context: Callable
+    model: nn.Module,
+    data: ParallelData,
+    max_tokens: int,
+    device: torch.device,
+    context: Callable,
+    multiple: int = 1,
 ) -> NllResult:
     """Summed target NLL (no label smoothing) over batches of at most `max_tokens` padded tokens, in a
-    fixed order (no shuffling)."""
+    fixed order (no shuffling), in the shapes training batches take (`train.pad_to_multiple`: `multiple`)."""
     nll, tokens = 0.0, 0
-    lens = ([len(s) for s in data.src], [len(t) for t in data.tgt])
-    for spec in token_batches(*lens, max_tokens, seed=0, epoch=0, shuffle=False):
-        batch = collate(data, spec, PAD_ID, BOS_ID, EOS_ID).to(device)
+    lens = (np.array([len(s) for s in data.src]), np.array([len(t) for t in data.tgt]))
+    for spec in token_batches(*lens, max_tokens, seed=0, epoch=0, shuffle=False, multiple=multiple):
+        batch = collate(data, spec, PAD_ID, BOS_ID, EOS_ID, multiple, max_tokens).to(device)
         with context():
             out = model(batch.src, batch.tgt_in, labels=batch.labels)
         nll += float(out.nll)
@@ -78,6 +84,7 @@ def translation_validation(
     data: ParallelData,
     tgt_vocab: Vocab,
     max_tokens: int,
+    multiple: int,
     opts: DecodeOptions | None,
     device: torch.device,
     context: Callable,
@@ -86,7 +93,7 @@ def translation_validation(
     given, sacreBLEU (cased) of beam-search output against the raw references."""
     from transformer_cli.scores import bleu
 
-    result = translation_nll(model, data, max_tokens, device, context)
+    result = translation_nll(model, data, max_tokens, device, context, multiple)
     metrics = {"valid_loss": result.loss, "valid_ppl": result.ppl}
     if opts is not None:
         hyps = translate_texts(model, data.src, opts, tgt_vocab, device, context)

@@ -28,6 +28,7 @@ from torch import Tensor
 from transformer_cli.datasets.shards import ranges
 from transformer_cli.datasets.text import check_document_counts, heading_level, read_lines, split_sentences
 from transformer_cli.files import write_atomic
+from transformer_cli.models.buckets import bucket
 from transformer_cli.models.losses import IGNORE
 
 IS_NEXT, NOT_NEXT = 0, 1
@@ -222,8 +223,8 @@ def length_batches(lengths: list[int], batch_size: int, rng: random.Random, pool
 
 def collate_pairs(instances: list[Instance], ids: SpecialIds, multiple: int = 1) -> tuple[Tensor, Tensor, Tensor]:
     """Unmasked (B, T) input ids, segment ids (A = 0, B = 1) and NSP labels; T is the longest sequence
-    rounded up to a multiple of `multiple` (few repeating shapes, as in translation batches)."""
-    T = -(-max(len(x) for x in instances) // multiple) * multiple
+    rounded up to `bucket(T, multiple)` (few repeating shapes, as in translation batches)."""
+    T = bucket(max(len(x) for x in instances), multiple)
     input_ids = torch.full((len(instances), T), ids.pad, dtype=torch.long)
     segments = torch.zeros((len(instances), T), dtype=torch.long)
     for row, x in enumerate(instances):
@@ -533,7 +534,7 @@ def _pack_pairs(
     lengths), and their segment ids (B and its [SEP] are 1); T is the longest row rounded up to a multiple of
     `multiple`."""
     B = len(a_len)
-    T = -(-int((a_len + b_len).max() + 3) // multiple) * multiple
+    T = bucket(int((a_len + b_len).max() + 3), multiple)
     row = np.arange(B)
     input_ids = np.full((B, T), ids.pad, dtype=np.int64)
     input_ids[np.repeat(row, a_len), ranges(np.ones(B, np.int64), a_len)] = a_tokens  # A at columns 1 .. a_len

@@ -17,6 +17,7 @@ from transformer_cli.datasets import shards
 from transformer_cli.datasets.shards import Manifest, flatten, ranges
 from transformer_cli.datasets.text import LineIndex, index_lines, read_lines
 from transformer_cli.errors import UserError
+from transformer_cli.models.buckets import bucket
 from transformer_cli.vocab import BOS_ID, EOS_ID, Vocab
 from transformer_cli.vocab import PAD_ID as PAD
 
@@ -105,6 +106,18 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def batch_rows(max_tokens: int, width: int) -> int:
+    """Rows of every batch whose widest side is `width` padded tokens: with widths from a small set, the
+    batches come in a small set of shapes (see `token_batches`)."""
+    return max(1, max_tokens // width)
+
+
+def bucket_widths(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """`bucket(length, multiple)` of every length, through a table of the few distinct lengths."""
+    table = np.array([bucket(n, multiple) for n in range(int(lengths.max(initial=0)) + 1)], dtype=np.int32)
+    return table[lengths]
+
+
 class BatchPlan:
     """An epoch's batches as two arrays, with no Python object per sentence: batch j holds the sentences
     `order[bounds[j]:bounds[j + 1]]`. Indexing gives a batch (an index array); slicing a list of them."""
@@ -142,12 +155,15 @@ def token_batches(
     shuffle: bool = True,
     multiple: int = 1,
 ) -> BatchPlan:
-    """Group sentence indices into batches of at most `max_tokens` padded tokens per side.
+    """Group sentence indices into batches of at most `max_tokens` padded tokens per side, in few shapes.
 
-    A sentence pair's width is its longer side plus EOS (source) or BOS/EOS (target), padded up to a multiple
-    of `multiple` (see `collate`). Sentences are sorted by width, then target and source length (ties in a
-    random order drawn from seed and epoch), so that a batch holds sentences of similar length and padding
-    stays low, and cut greedily into batches of n sentences with n * width <= max_tokens; the batch order is
+    A sentence pair's width is its longer side plus EOS (source) or BOS/EOS (target), rounded up to the size
+    set of `bucket(width, multiple)` (see `collate`). Sentences are sorted by width, then target and source
+    length, longest first (ties in a random order drawn from seed and epoch), so that a batch holds sentences
+    of similar length and padding stays low, and cut into batches of exactly `batch_rows(max_tokens, width)`
+    sentences, width being that of the batch's first (widest) sentence; only the epoch's last batch may be
+    short (`collate` fills it up with empty rows). A batch's shape is thus a function of its width bucket and
+    the other side's, from a set of at most (number of widths)**2, whatever the corpus. The batch order is
     then shuffled. Vectorised over the corpus, with 32-bit arrays where they suffice (planning 4.5M pairs
     peaks at about 100 MB): only the cut points are found batch by batch. The result depends only on
     (lengths, max_tokens, seed, epoch, multiple): this is what makes resume exact.
@@ -155,10 +171,7 @@ def token_batches(
     src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)  # (n,) each, any integer type: no 64-bit copies
     n = len(src)
     rng = np.random.default_rng([seed, epoch])
-    width = np.maximum(src, tgt).astype(np.int32)  # (n,)
-    width += multiple  # + 1 for EOS/BOS, rounded up to a multiple: (w + 1 + multiple - 1) // multiple * multiple
-    width //= multiple
-    width *= multiple
+    width = bucket_widths(np.maximum(src, tgt).astype(np.int32) + 1, multiple)  # (n,) int32
     order = np.arange(n, dtype=np.int32 if n < 1 << 31 else np.int64)
     if shuffle:
         rng.shuffle(order)
@@ -181,14 +194,12 @@ def token_batches(
     else:
         rows = np.argsort(key, kind="stable")
         order, key = order[rows], key[rows]
+    order, key = np.ascontiguousarray(order[::-1]), key[::-1]  # widest first: a batch's first sentence sets it
     width = (key // (span * span)).astype(np.int32)  # (n,) in the sorted order
     del key
     cuts = [0]
     while cuts[-1] < n:
-        s = cuts[-1]
-        window = width[s : s + max_tokens // int(width[s]) + 1]  # no batch from s holds more sentences
-        cost = np.arange(1, len(window) + 1) * window  # (k,) padded tokens of the first k sentences: increasing
-        cuts.append(s + max(1, int(np.searchsorted(cost, max_tokens, side="right"))))
+        cuts.append(min(n, cuts[-1] + batch_rows(max_tokens, int(width[cuts[-1]]))))
     del width
     bounds = np.asarray(cuts, dtype=np.int64)
     if shuffle:
@@ -253,12 +264,16 @@ def padded(
     prefix: int | None = None,
     suffix: int | None = None,
     multiple: int = 1,
+    width: int | None = None,
+    rows: int | None = None,
 ) -> Tensor:
-    """(B, width) long tensor of `[prefix] seq [suffix]` per row, right-padded; the B sequences come
-    concatenated in `flat` with their `lengths`. Vectorised: one scatter for all rows."""
+    """(rows, width) long tensor of `[prefix] seq [suffix]` per row, right-padded; the B sequences come
+    concatenated in `flat` with their `lengths`. Vectorised: one scatter for all rows. `width` defaults to the
+    longest row rounded up to a multiple of `multiple`; `rows` (default B) adds rows holding only the prefix."""
     B, first = len(lengths), int(prefix is not None)
-    width = round_up(int(lengths.max(initial=0)) + first + (suffix is not None), multiple)
-    out = np.full((B, width), pad_id, dtype=np.int64)
+    if width is None:
+        width = round_up(int(lengths.max(initial=0)) + first + (suffix is not None), multiple)
+    out = np.full((max(B, rows or 0), width), pad_id, dtype=np.int64)
     rows = np.repeat(np.arange(B), lengths)  # (total,) row of every token
     cols = ranges(np.full(B, first), lengths)  # (total,) its column
     out[rows, cols] = flat
@@ -280,26 +295,40 @@ def make_batch(
     bos_id: int,
     eos_id: int,
     multiple: int = 1,
+    max_tokens: int | None = None,
 ) -> Batch:
-    """The padded tensors of B pairs given as flat ids and lengths. Widths are rounded up to a multiple of
-    `multiple`: on CPU, every new tensor shape costs kernel setup and leaves the allocator fragmented (memory
-    grows over a run), so a few shapes that repeat are worth a little padding."""
+    """The padded tensors of B pairs given as flat ids and lengths. Each side's width is its longest row plus
+    EOS (or BOS) rounded up to `bucket(width, multiple)`, and with `max_tokens` the batch is filled up to
+    `batch_rows(max_tokens, wider side)` rows with empty pairs (source EOS, target BOS, no labels): a CPU
+    matmul library compiles a kernel per matmul shape and the allocator keeps blocks per size, so a few
+    shapes that repeat are worth a little padding (see `token_batches`)."""
+    S = bucket(int(src_lens.max(initial=0)) + 1, multiple)
+    T = bucket(int(tgt_lens.max(initial=0)) + 1, multiple)
+    rows = batch_rows(max_tokens, max(S, T)) if max_tokens is not None else None
+    src_ids = padded(src, src_lens, pad_id, suffix=eos_id, width=S, rows=rows)
+    src_ids[len(src_lens) :, 0] = eos_id  # filler rows: one real source token, so attention has a key
     return Batch(
-        src=padded(src, src_lens, pad_id, suffix=eos_id, multiple=multiple),
-        tgt_in=padded(tgt, tgt_lens, pad_id, prefix=bos_id, multiple=multiple),
-        labels=padded(tgt, tgt_lens, pad_id, suffix=eos_id, multiple=multiple),
+        src=src_ids,
+        tgt_in=padded(tgt, tgt_lens, pad_id, prefix=bos_id, width=T, rows=rows),
+        labels=padded(tgt, tgt_lens, pad_id, suffix=eos_id, width=T, rows=rows),
         tokens=int(tgt_lens.sum()) + len(tgt_lens),
         src_tokens=int(src_lens.sum()) + len(src_lens),
     )
 
 
 def collate(
-    data: ParallelData, indices: Sequence[int], pad_id: int, bos_id: int, eos_id: int, multiple: int = 1
+    data: ParallelData,
+    indices: Sequence[int],
+    pad_id: int,
+    bos_id: int,
+    eos_id: int,
+    multiple: int = 1,
+    max_tokens: int | None = None,
 ) -> Batch:
-    """The batch of the pairs `indices` of in-memory data."""
+    """The batch of the pairs `indices` of in-memory data (see `make_batch`)."""
     src = flatten([data.src[i] for i in indices])
     tgt = flatten([data.tgt[i] for i in indices])
-    return make_batch(*src, *tgt, pad_id, bos_id, eos_id, multiple)
+    return make_batch(*src, *tgt, pad_id, bos_id, eos_id, multiple, max_tokens)
 
 
 class ShardedPairs:
@@ -313,8 +342,8 @@ class ShardedPairs:
     def __len__(self) -> int:
         return len(self.src_lens)
 
-    def batch(self, rows: np.ndarray, multiple: int = 1) -> Batch:
-        return make_batch(*self.src.gather(rows), *self.tgt.gather(rows), PAD, BOS_ID, EOS_ID, multiple)
+    def batch(self, rows: np.ndarray, multiple: int = 1, max_tokens: int | None = None) -> Batch:
+        return make_batch(*self.src.gather(rows), *self.tgt.gather(rows), PAD, BOS_ID, EOS_ID, multiple, max_tokens)
 
     def load(self, max_len: int | None = None) -> ParallelData:
         """The split as in-memory token lists (for validation and test sets), without pairs longer than max_len;

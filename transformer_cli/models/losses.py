@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from transformer_cli.models.buckets import bucket
+
 _CHUNK_ELEMENTS = 1 << 20  # rows per chunk such that an fp32 chunk is ~4 MB: cache friendly, few Python steps
 IGNORE = -100  # target of a row that carries no loss
 ROW_MULTIPLE = 64  # see gather_rows
@@ -48,10 +50,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             x = logits[a:b].to(acc)  # (c, V); the chunk stays in cache for the passes below
             torch.mean(x, dim=-1, out=mean_logit[a:b])
             x_max = x.amax(-1)
-            p = torch.softmax(x, dim=-1)
+            if probs.dtype == acc:  # written in place: no chunk-sized temporary and no copy of it
+                p = torch.softmax(x, dim=-1, out=probs[a:b])
+            else:  # the fp32 softmax is cast once into the saved lower-precision one
+                p = torch.softmax(x, dim=-1)
+                probs[a:b] = p
             # log-sum-exp from the softmax: p_max = exp(x_max - lse) >= 1/V never underflows.
             torch.sub(x_max, p.amax(-1).log(), out=lse[a:b])
-            probs[a:b] = p
         nll = (lse - logits.gather(-1, target[:, None]).squeeze(-1).to(acc)) * valid  # -log p(target), (M,)
         smooth = (lse - mean_logit) * valid  # mean over the vocabulary of -log p, (M,)
         loss = (1.0 - epsilon) * nll.sum() + epsilon * smooth.sum()
@@ -89,14 +94,15 @@ def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float = 0.0)
 def gather_rows(hidden: Tensor, labels: Tensor, ignore: int) -> tuple[Tensor, Tensor]:
     """The rows of hidden (..., d) whose label is not `ignore`, and their labels (IGNORE on filler rows).
 
-    Only these rows reach the vocabulary projection. Their count is rounded up to a multiple of
-    ROW_MULTIPLE with ignored filler rows: vocabulary-sized tensors then come in a few repeating
-    shapes, which on CPU keeps the allocator from fragmenting (memory would grow over a run).
+    Only these rows reach the vocabulary projection. Their count is rounded up to `bucket(M, ROW_MULTIPLE)`
+    with ignored filler rows: the vocabulary matmul and the vocabulary-sized tensors then come in a small set
+    of shapes, so a CPU matmul library's kernel cache and the allocator stay warm (memory would grow over a
+    run with a new shape every batch).
     """
     flat_labels = labels.flatten()
     index = flat_labels.ne(ignore).nonzero().squeeze(1)  # (M,)
     targets = flat_labels[index]
-    extra = (-index.numel()) % ROW_MULTIPLE
+    extra = bucket(index.numel(), ROW_MULTIPLE) - index.numel()
     if extra:
         index = torch.cat([index, index.new_zeros(extra)])
         targets = torch.cat([targets, targets.new_full((extra,), IGNORE)])

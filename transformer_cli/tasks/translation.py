@@ -51,7 +51,8 @@ class TranslationTask:
         )
 
     def make_batch(self, spec: np.ndarray, epoch: int) -> Batch:
-        return self.train.batch(spec, multiple=self.cfg.train.pad_to_multiple)
+        t = self.cfg.train
+        return self.train.batch(spec, multiple=t.pad_to_multiple, max_tokens=t.max_tokens)
 
     def step_loss(self, model: nn.Module, batch: Batch, norms: dict[str, int]) -> tuple[Tensor, dict]:
         out = model(batch.src, batch.tgt_in, labels=batch.labels, label_smoothing=self.cfg.train.label_smoothing)
@@ -67,6 +68,7 @@ class TranslationTask:
             self.valid,
             self.vocabs[1],
             self.cfg.train.max_tokens,
+            self.cfg.train.pad_to_multiple,
             eval_decode_options(self.cfg.eval) if self.cfg.eval.bleu else None,
             runtime.device,
             runtime.context,

@@ -1,0 +1,183 @@
+"""New GEMM shapes (and oneDNN kernel creations) after warm-up: translation training, BERT training, beam search.
+
+    python scripts/kernel_shapes.py [--json]
+
+Each workload runs tcli's own batching and model code on a synthetic corpus with a realistic length mix, in
+the precision `auto` picks on this CPU: a warm-up (one epoch of training batches; one set of sentences to
+translate), then a window of the same kind (the next epoch; a third as many other sentences). Printed per workload: the
+distinct GEMM shapes of the warm-up, the shapes first seen in the window (projections mm/addmm; attention
+bmm), and oneDNN's kernel creations in the window (0 where torch does not multiply through oneDNN, as for
+fp32 on most CPUs). A shape-keyed kernel cache that holds the warm-up's shapes creates nothing afterwards
+when the window brings no new shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from transformer_cli.kernel_shapes import GemmShapes, onednn_creations, summary  # noqa: E402
+from transformer_cli.runtime import Runtime  # noqa: E402
+
+VOCAB, PAD, BOS, EOS = 1000, 0, 2, 3
+
+
+def lengths(n: int, rng: np.random.Generator, mean: float = 14.0) -> np.ndarray:
+    """Sentence lengths in pieces, log-normal around `mean` (a Multi30k-like mix), 1..100."""
+    return np.clip(rng.lognormal(np.log(mean), 0.35, n).round(), 1, 100).astype(np.int64)
+
+
+def train_step(model, loss_of, optimizer, runtime: Runtime) -> None:
+    with runtime.context():
+        loss = loss_of(model)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def translation(runtime: Runtime, pairs: int, max_tokens: int) -> dict:
+    from transformer_cli.datasets.translation import ParallelData, collate, token_batches
+    from transformer_cli.models.transformer import Transformer
+
+    rng = np.random.default_rng(0)
+    src = lengths(pairs, rng)
+    tgt = np.clip(src + rng.integers(-3, 5, pairs), 1, 100)
+    data = ParallelData([[7] * int(n) for n in src], [[8] * int(n) for n in tgt], [], [])
+    torch.manual_seed(0)
+    model = Transformer(VOCAB, VOCAB, 64, 4, 128, 2, 2, dropout=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def epoch(e: int) -> None:
+        for spec in token_batches(src, tgt, max_tokens, seed=1, epoch=e, multiple=2):
+            b = collate(data, spec, PAD, BOS, EOS, multiple=2, max_tokens=max_tokens)
+
+            def loss(m, b=b):
+                return m(b.src, b.tgt_in, labels=b.labels, label_smoothing=0.1).loss
+
+            train_step(model, loss, optimizer, runtime)
+
+    return window(lambda: epoch(0), lambda: epoch(1))
+
+
+def bert(runtime: Runtime, docs: int, batch_size: int) -> dict:
+    from transformer_cli.datasets.bert import SpecialIds, length_batches, make_batch, make_instances
+    from transformer_cli.models.bert import Bert
+
+    rng, nrng = random.Random(0), np.random.default_rng(0)
+    corpus = [[[9] * int(n) for n in lengths(int(k), nrng, 18.0)] for k in nrng.integers(2, 12, docs)]
+    instances = make_instances(corpus, 128, 0.1, rng)
+    ids = SpecialIds(pad=PAD, cls=2, sep=3, mask=4, first_normal=5, vocab_size=VOCAB)
+    torch.manual_seed(0)
+    model = Bert(VOCAB, 64, 2, 4, 128, max_positions=128)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+
+    def epoch(e: int) -> None:
+        for idx in length_batches([len(x) for x in instances], batch_size, random.Random(e)):
+            b = make_batch([instances[i] for i in idx], ids, 0.15, 20, generator, multiple=2)
+
+            def loss(m, b=b):
+                out = m(b.input_ids, b.segment_ids, b.mlm_labels, b.nsp_labels)
+                return out.mlm_loss + out.nsp_loss
+
+            train_step(model, loss, optimizer, runtime)
+
+    return window(lambda: epoch(0), lambda: epoch(1))
+
+
+def beam(runtime: Runtime, sentences: int) -> dict:
+    from transformer_cli.decode import DecodeOptions, decode_corpus
+    from transformer_cli.models.transformer import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(VOCAB, VOCAB, 64, 4, 128, 2, 2, dropout=0.0).eval()
+    # An untrained model seldom ends a sentence: a random EOS bonus per hypothesis row makes sentences
+    # finish at different steps, so that the batch shrinks as it does with a trained model.
+    bonus = torch.Generator().manual_seed(0)
+
+    def raise_eos(module, args, out):
+        out[:, EOS] += torch.randn(out.size(0), generator=bonus) * 4 + 2
+        return out
+
+    model.out_proj.register_forward_hook(raise_eos)
+    rng = np.random.default_rng(0)
+    opts = DecodeOptions(beam=5, max_tokens=1500)
+
+    def translate(n: int) -> None:
+        sources = [rng.integers(5, VOCAB, int(k)).tolist() for k in lengths(n, rng)]
+        decode_corpus(model, sources, opts, BOS, EOS, torch.device("cpu"), runtime.context)
+
+    return window(lambda: translate(3 * sentences), lambda: translate(sentences))
+
+
+def window(warm_up, measured) -> dict:
+    shapes = GemmShapes()
+    with shapes:
+        warm_up()
+        warm = len(shapes.seen)
+        shapes.mark()
+        with onednn_creations() as created:
+            measured()
+    return {
+        "warm_up_shapes": warm,
+        "warm_up": summary(shapes.seen - shapes.new),
+        "new": summary(shapes.new),
+        "new_shapes": sorted(shapes.new),
+        "onednn_created": created["created"],
+    }
+
+
+def measure(quick: bool = False) -> dict:
+    """The three workloads' counts (smaller corpora with `quick`)."""
+    runtime = Runtime.create("cpu", "auto")
+    scale = 1 if quick else 3
+    return {
+        "precision": runtime.precision,
+        "translation": translation(runtime, 1000 * scale, 2560),
+        "bert": bert(runtime, 60 * scale, 32),
+        "beam": beam(runtime, 100 * scale),
+    }
+
+
+def line(r: dict) -> str:
+    """One row for the benchmark table: new shapes after warm-up, translation / BERT / beam search."""
+
+    def cell(w: dict) -> str:
+        new = f"{w['new']['projection']} + {w['new']['attention']}"
+        return f"{new} (of {w['warm_up_shapes']}; oneDNN {w['onednn_created']})"
+
+    return " / ".join(cell(r[k]) for k in ("translation", "bert", "beam"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print the counts as JSON")
+    parser.add_argument("--quick", action="store_true", help="smaller corpora")
+    a = parser.parse_args()
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    r = measure(a.quick)
+    if a.json:
+        print(json.dumps(r, default=list))
+        return
+    print(f"precision {r['precision']}; per workload: warm-up shapes (projection / attention), then new in the window")
+    for k in ("translation", "bert", "beam"):
+        w = r[k]
+        print(
+            f"{k:12s} warm-up {w['warm_up']['projection']} / {w['warm_up']['attention']}; "
+            f"new after warm-up {w['new']['projection']} / {w['new']['attention']}; "
+            f"oneDNN kernels created in the window: {w['onednn_created']}"
+        )
+        for s in w["new_shapes"][:10]:
+            print("   new:", s)
+
+
+if __name__ == "__main__":
+    main()
