@@ -245,7 +245,7 @@ def finetune(
 ) -> None:
     """Fine-tune a BERT (tcli checkpoint, Hugging Face folder, or none) to classify, score or tag text."""
     from transformer_cli.config import FinetuneRunConfig, load_config
-    from transformer_cli.tasks.finetune import finetune as run
+    from transformer_cli.tasks.finetune_setup import finetune as run
 
     overrides = [*(set_ or []), *(["train.pad_to_max=true"] if pad_to_max else [])]
     cfg = load_config(FinetuneRunConfig, config, overrides)

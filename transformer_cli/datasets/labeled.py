@@ -13,6 +13,7 @@ while reading, before anything is written. No torch here: the readers are import
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -61,6 +62,25 @@ class GlueTask:
     labels: tuple[str, ...] | None  # GLUE's label order (the label ids); None for regression
     metrics: tuple[str, ...]  # names understood by task_metrics.compute, main metric first
     dev_splits: tuple[str, ...]  # ("dev",); MNLI: ("dev_matched", "dev_mismatched")
+
+
+@dataclass
+class LabelledData:
+    """The training and validation examples of a run, and what scores them."""
+
+    kind: str
+    train: list[TextExample] | list[TaggedSentence]
+    valid: list[TextExample] | list[TaggedSentence]
+    labels: tuple[str, ...]  # label ids are positions here; () for regression
+    metrics: tuple[str, ...]
+    files: list[Path]  # the training file(s): their hash is the data fingerprint
+    valid_path: Path
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        for path in self.files:
+            h.update(path.read_bytes())
+        return h.hexdigest()
 
 
 _BINARY = ("0", "1")
