@@ -18,7 +18,7 @@ import io
 import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer_cli.datasets.text import BOM, decode_utf8, invalid_utf8, read_error
@@ -75,6 +75,9 @@ class LabelledData:
     metrics: tuple[str, ...]
     files: list[Path]  # the training file(s): their hash is the data fingerprint
     valid_path: Path
+    # Further dev splits, evaluated beside `valid` and logged as "<split>/<metric>" (MNLI's dev_mismatched);
+    # `valid` (MNLI's dev_matched) alone selects best.pt.
+    more_valid: dict[str, list[TextExample]] = field(default_factory=dict)
 
     def fingerprint(self) -> str:
         h = hashlib.sha256()

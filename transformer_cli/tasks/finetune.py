@@ -78,6 +78,7 @@ class FinetuneTask:
         self.cfg, self.meta, self.model, self.data, self.quiet = cfg, meta, model, data, quiet
         self.train = features_of(meta, data.train)
         self.valid = features_of(meta, data.valid)
+        self.more_valid = {split: features_of(meta, examples) for split, examples in data.more_valid.items()}
         self.fingerprint = data.fingerprint()
         self._plan: tuple[int, list[list[int]]] | None = None
 
@@ -103,16 +104,25 @@ class FinetuneTask:
         return {"loss": averages["loss"]}
 
     def evaluate(self, model: nn.Module, runtime: Runtime) -> dict[str, float]:
-        """The dev set's metrics and score; a classifier whose every prediction is one class is named in the log."""
-        batches = length_order(self.valid, EVAL_ROWS)
+        """The dev set's metrics and score (and those of any further dev split, as "<split>/<metric>"); a
+        classifier whose every prediction is one class is named in the log."""
+        results = self._evaluate_split(model, runtime, self.valid, self.data.valid, "dev")
+        for split, features in self.more_valid.items():
+            more = self._evaluate_split(model, runtime, features, self.data.more_valid[split], split)
+            results.update({f"{split}/{key}": value for key, value in more.items()})
+        return results
+
+    def _evaluate_split(
+        self, model: nn.Module, runtime: Runtime, features: Features, examples: list[Any], name: str
+    ) -> dict[str, float]:
+        batches = length_order(features, EVAL_ROWS)
         logits = predict_logits(
-            model, self.valid, batches, self.meta.tokenizer.pad_id, self.meta.kind, runtime.device, runtime.context
+            model, features, batches, self.meta.tokenizer.pad_id, self.meta.kind, runtime.device, runtime.context
         )
         preds, _ = decide(self.meta.kind, logits)
-        results = score(self.meta, self.data.metrics, self.data.valid, preds)
         if self.meta.kind == "classification" and len(set(preds)) == 1:
-            say(self.quiet, f"note: every dev prediction is {self.meta.labels[preds[0]]!r} (one class)")
-        return results
+            say(self.quiet, f"note: every {name} prediction is {self.meta.labels[preds[0]]!r} (one class)")
+        return score(self.meta, self.data.metrics, examples, preds)
 
     def final_report(self, ckpt_dir: Path, runtime: Runtime) -> list[dict[str, Any]]:
         return []

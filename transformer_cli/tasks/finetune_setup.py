@@ -64,6 +64,7 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
             raise UserError(f"task.glue {t.glue} is a {g.kind} task, but task.kind is {t.kind}; set task.kind={g.kind}")
         valid_split = g.dev_splits[0]
         train, valid = read_glue(Path(d.dir), g.name, "train"), read_glue(Path(d.dir), g.name, valid_split)
+        more = {split: read_glue(Path(d.dir), g.name, split) for split in g.dev_splits[1:]}
         files = [Path(d.dir) / g.folder / "train.tsv"]
         labels, metrics = g.labels or (), g.metrics
         valid_path = Path(d.dir) / g.folder / f"{valid_split}.tsv"
@@ -86,14 +87,16 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
                     raise UserError(f"{path}:{unlabelled.line}: no tags; training and validation need a tag per word")
         else:
             train, valid = (_table(p, d, t.kind) for p in paths)
-        files, valid_path = [paths[0]], paths[1]
+        files, valid_path, more = [paths[0]], paths[1], {}
         labels = label_set(train, paths[0]) if t.kind != "regression" else ()
         metrics = DEFAULT_METRICS[t.kind]
     if labels:
         check_labels(valid, labels, valid_path)
+        for split, examples in more.items():
+            check_labels(examples, labels, valid_path.with_name(f"{split}.tsv"))
     if t.kind == "classification" and len(labels) < 2:
         raise UserError(f"{files[0]}: every training example has the label {labels[0]!r}; a classifier needs two")
-    return LabelledData(t.kind, train, valid, tuple(labels), tuple(t.metrics or metrics), files, valid_path)
+    return LabelledData(t.kind, train, valid, tuple(labels), tuple(t.metrics or metrics), files, valid_path, more)
 
 
 def _table(path: Path, d: Any, kind: str) -> list[TextExample]:
