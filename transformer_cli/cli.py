@@ -254,6 +254,32 @@ def finetune(
 
 @app.command()
 @user_errors
+def glue(
+    checkpoint: Annotated[
+        str, typer.Option("--checkpoint", help="a tcli BERT checkpoint, a Hugging Face BERT folder, or none")
+    ],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="a glue_data/ folder (CoLA/, SST-2/, MNLI/, ...)")],
+    tasks: Annotated[
+        str | None, typer.Option("--tasks", help="comma-separated, e.g. rte,mrpc (default: every task in --data-dir)")
+    ] = None,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, max=100, help="runs per task; the table shows medians")] = 1,
+    out: Annotated[Path, typer.Option("--out", help="a run directory per task and seed, glue.json, glue.md")] = Path(
+        "runs/glue"
+    ),
+    set_: SetOpt = None,
+    device: DeviceOpt = "auto",
+    quiet: QuietOpt = False,
+) -> None:
+    """Fine-tune on every GLUE task (resumable), then print the table and the GLUE score."""
+    from transformer_cli.glue import run_glue
+
+    summary = run_glue(checkpoint, data_dir, tasks, seeds, out, set_ or [], device, quiet)
+    print(summary["table"], end="")
+    print(f"GLUE score {100 * summary['score']:.1f} (written to {out / 'glue.json'} and glue.md)")
+
+
+@app.command()
+@user_errors
 def predict(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a fine-tuned checkpoint from tcli finetune")],
     input: Annotated[
