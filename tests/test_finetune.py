@@ -303,16 +303,3 @@ def test_first_piece_labels():
     assert sum(x != IGNORE for x in labels) == 3
     cut = encode_tagged(tok, [words], [[1, 2, 3]], 4)  # room for 2 pieces: later words are lost, counted
     assert len(cut.ids[0]) <= 4 and cut.truncated == 1 and cut.words_lost >= 1
-
-
-def test_commands_not_built_for_fine_tuned_checkpoints_say_so(finetuned):
-    best = str(finetuned / "checkpoints" / "best.pt")
-    for args in (
-        ["evaluate", "--checkpoint", best, "--split", "valid"],
-        ["count-params", "--checkpoint", best],
-        ["export-hf", "--checkpoint", best, "--out", str(finetuned.parent / "hf")],
-    ):
-        result = CliRunner().invoke(app, args)
-        assert result.exit_code == 2, result.output
-        assert "fine-tuned checkpoint" in result.output or "holds a finetune model" in result.output
-        assert result.output.count("\n") == 1

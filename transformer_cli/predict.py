@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from transformer_cli.checkpoint import read_checkpoint
-from transformer_cli.datasets.labeled import GLUE_TASKS, TaggedSentence, TextExample, read_conll, read_table
+from transformer_cli.datasets.labeled import (
+    GLUE_TASKS,
+    TaggedSentence,
+    TextExample,
+    glue_key,
+    read_conll,
+    read_table,
+)
 from transformer_cli.errors import UserError
 from transformer_cli.finetuned import FinetuneMeta, decide, encode_tagged, encode_texts, length_order, predict_logits
 from transformer_cli.translate import _open_input, _writer, check_writable, chunks
@@ -40,8 +47,6 @@ class Predictor:
         """The text (and pair) columns the model was trained on."""
         d, glue = self.cfg.data, self.cfg.task.glue
         if glue is not None:
-            from transformer_cli.tasks.finetune_setup import glue_key
-
             t = GLUE_TASKS[glue_key(glue)]
             text = t.text if isinstance(t.text, str) else "sentence"
             return text, t.pair if isinstance(t.pair, str) else None

@@ -133,6 +133,14 @@ GLUE_TASKS: dict[str, GlueTask] = {
 }
 
 
+def glue_key(name: str) -> str:
+    """ "SST-2", "sst2", "STS-B" -> the GLUE_TASKS key; an unknown name is a one-line error."""
+    key = name.lower().replace("-", "").replace("_", "")
+    if key not in GLUE_TASKS:
+        raise UserError(f"task.glue: unknown GLUE task {name!r}; the tasks are {', '.join(GLUE_TASKS)}")
+    return key
+
+
 def glue_tasks_in(data_dir: Path) -> list[str]:
     """The GLUE tasks present in a `glue_data/`-style folder.
 

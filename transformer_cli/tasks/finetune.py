@@ -14,56 +14,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from transformer_cli import task_metrics
 from transformer_cli.config import FinetuneRunConfig
 from transformer_cli.console import say
 from transformer_cli.datasets.bert import length_batches
 from transformer_cli.datasets.labeled import LabelledData
-from transformer_cli.finetuned import (
-    Features,
-    FinetuneMeta,
-    collate,
-    decide,
-    encode_tagged,
-    encode_texts,
-    length_order,
-    predict_logits,
-)
+from transformer_cli.finetuned import Features, FinetuneMeta, collate, evaluate_examples, features_of
 from transformer_cli.runtime import Runtime
-
-EVAL_ROWS = 64  # dev examples per evaluation batch (length-sorted: little padding)
-
-
-def features_of(meta: FinetuneMeta, examples: list[Any]) -> Features:
-    """Examples (with labels as ids, floats or tag ids) -> encoded features under the model's tokenizer."""
-    index = {label: i for i, label in enumerate(meta.labels)}
-    if meta.kind == "tagging":
-        sentences = [ex.words for ex in examples]
-        tagged = all(ex.tags is not None for ex in examples)
-        tags = [[index[t] for t in ex.tags] for ex in examples] if tagged else None
-        return encode_tagged(meta.tokenizer, sentences, tags, meta.max_seq_len)
-    pairs = [ex.pair or "" for ex in examples] if any(ex.pair is not None for ex in examples) else None
-    labelled = all(ex.label is not None for ex in examples)
-    labels = None
-    if labelled:
-        labels = [float(ex.label) if meta.kind == "regression" else index[ex.label] for ex in examples]
-    return encode_texts(meta.tokenizer, [ex.text for ex in examples], pairs, labels, meta.max_seq_len)
-
-
-def score(meta: FinetuneMeta, metrics: tuple[str, ...], examples: list[Any], preds: list[Any]) -> dict[str, float]:
-    """The task's metrics of predictions (ids, floats or tag-id lists) against the examples' labels, and
-    "score": their mean (GLUE's score of a task), which selects best.pt."""
-    if meta.kind == "tagging":
-        gold = [list(ex.tags) for ex in examples]
-        pred = [[meta.labels[i] for i in p] + ["O"] * (len(g) - len(p)) for p, g in zip(preds, gold)]
-    elif meta.kind == "regression":
-        gold, pred = [float(ex.label) for ex in examples], preds
-    else:
-        index = {label: i for i, label in enumerate(meta.labels)}
-        gold, pred = [index[ex.label] for ex in examples], preds
-    results = task_metrics.compute(metrics, pred, gold)
-    results["score"] = task_metrics.main_value(results, metrics)
-    return results
 
 
 class FinetuneTask:
@@ -115,14 +71,12 @@ class FinetuneTask:
     def _evaluate_split(
         self, model: nn.Module, runtime: Runtime, features: Features, examples: list[Any], name: str
     ) -> dict[str, float]:
-        batches = length_order(features, EVAL_ROWS)
-        logits = predict_logits(
-            model, features, batches, self.meta.tokenizer.pad_id, self.meta.kind, runtime.device, runtime.context
+        results, preds = evaluate_examples(
+            model, self.meta, self.data.metrics, examples, features, runtime.device, runtime.context
         )
-        preds, _ = decide(self.meta.kind, logits)
         if self.meta.kind == "classification" and len(set(preds)) == 1:
             say(self.quiet, f"note: every {name} prediction is {self.meta.labels[preds[0]]!r} (one class)")
-        return score(self.meta, self.data.metrics, examples, preds)
+        return results
 
     def final_report(self, ckpt_dir: Path, runtime: Runtime) -> list[dict[str, Any]]:
         return []

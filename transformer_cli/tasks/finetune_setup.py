@@ -24,6 +24,7 @@ from transformer_cli.datasets.labeled import (
     TaggedSentence,
     TextExample,
     check_labels,
+    glue_key,
     label_set,
     read_conll,
     read_glue,
@@ -45,14 +46,6 @@ DEFAULT_METRICS = {
     "regression": ("pearson", "spearman"),
     "tagging": ("entity_f1", "entity_precision", "entity_recall"),
 }
-
-
-def glue_key(name: str) -> str:
-    """ "SST-2", "sst2", "STS-B" -> the GLUE_TASKS key; an unknown name is a one-line error."""
-    key = name.lower().replace("-", "").replace("_", "")
-    if key not in GLUE_TASKS:
-        raise UserError(f"task.glue: unknown GLUE task {name!r}; the tasks are {', '.join(GLUE_TASKS)}")
-    return key
 
 
 def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
