@@ -121,12 +121,23 @@ def test_finetune_from_tcli_checkpoint_learns_and_keeps_best(finetuned):
     assert best["finetune"]["labels"] == ["neg", "pos"]
     assert "classifier.weight" in best["model"] and "bert.nsp_head.weight" not in best["model"]
     assert (run / "vocab" / "bert.model").is_file()
-    # a finished run: exit 0, nothing touched
+    # the shared lifecycle's run directory: run.json, the tokenizer and what it came from in vocab/, no data/
+    marker = json.loads((run / "run.json").read_text())
+    assert marker["kind"] == "finetune" and marker["status"] == "finished" and marker["finished_step"] == 24
+    assert json.loads((run / "vocab" / "vocab.json").read_text())["tokenizer"] == "sentencepiece"
+    assert not (run / "data").exists()
+    # a finished run: exit 0, nothing touched; a resume that changes the model is refused
     before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
     again = invoke(
         "finetune", "--config", str(cfg), "--out", str(run), "--set", "train.max_epochs=4", "--resume", "auto"
     )
     assert again.exit_code == 0
+    changed = invoke("finetune", "--config", str(cfg), "--out", str(run), "--set", "model.classifier_dropout=0.3")
+    assert changed.exit_code == 2 and "already holds a run" in changed.output
+    changed = invoke(
+        "finetune", "--config", str(cfg), "--out", str(run), "--resume", "auto", "--set", "model.classifier_dropout=0.3"
+    )
+    assert changed.exit_code == 2 and "model.classifier_dropout changed" in changed.output
     assert before == {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
 
 
@@ -292,16 +303,3 @@ def test_first_piece_labels():
     assert sum(x != IGNORE for x in labels) == 3
     cut = encode_tagged(tok, [words], [[1, 2, 3]], 4)  # room for 2 pieces: later words are lost, counted
     assert len(cut.ids[0]) <= 4 and cut.truncated == 1 and cut.words_lost >= 1
-
-
-def test_commands_not_built_for_fine_tuned_checkpoints_say_so(finetuned):
-    best = str(finetuned / "checkpoints" / "best.pt")
-    for args in (
-        ["evaluate", "--checkpoint", best, "--split", "valid"],
-        ["count-params", "--checkpoint", best],
-        ["export-hf", "--checkpoint", best, "--out", str(finetuned.parent / "hf")],
-    ):
-        result = CliRunner().invoke(app, args)
-        assert result.exit_code == 2, result.output
-        assert "fine-tuned checkpoint" in result.output or "holds a finetune model" in result.output
-        assert result.output.count("\n") == 1

@@ -60,6 +60,16 @@ class BertTokenizer:
     def __len__(self) -> int:
         return self.size
 
+    @property
+    def model_bytes(self) -> bytes:
+        """The tokenizer's file (a .model or tokenizer.json): what a run's vocab/ folder holds."""
+        return self.data
+
+    @property
+    def file_name(self) -> str:
+        """Its name in a run's vocab/ folder."""
+        return "bert.model" if self.kind == "sentencepiece" else "tokenizer.json"
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         """The pieces of each text, without special tokens."""
         if self.kind == "sentencepiece":

@@ -300,11 +300,37 @@ def finetune(
 ) -> None:
     """Fine-tune a BERT (tcli checkpoint, Hugging Face folder, or none) to classify, score or tag text."""
     from transformer_cli.config import FinetuneRunConfig, load_config
-    from transformer_cli.tasks.finetune import finetune as run
+    from transformer_cli.tasks.finetune_setup import finetune as run
 
     overrides = [*(set_ or []), *(["train.pad_to_max=true"] if pad_to_max else [])]
     cfg = load_config(FinetuneRunConfig, config, overrides)
     run(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet)
+
+
+@app.command()
+@user_errors
+def glue(
+    checkpoint: Annotated[
+        str, typer.Option("--checkpoint", help="a tcli BERT checkpoint, a Hugging Face BERT folder, or none")
+    ],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="a glue_data/ folder (CoLA/, SST-2/, MNLI/, ...)")],
+    tasks: Annotated[
+        str | None, typer.Option("--tasks", help="comma-separated, e.g. rte,mrpc (default: every task in --data-dir)")
+    ] = None,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, max=100, help="runs per task; the table shows medians")] = 1,
+    out: Annotated[Path, typer.Option("--out", help="a run directory per task and seed, glue.json, glue.md")] = Path(
+        "runs/glue"
+    ),
+    set_: SetOpt = None,
+    device: DeviceOpt = "auto",
+    quiet: QuietOpt = False,
+) -> None:
+    """Fine-tune on every GLUE task (resumable), then print the table and the GLUE score."""
+    from transformer_cli.glue import run_glue
+
+    summary = run_glue(checkpoint, data_dir, tasks, seeds, out, set_ or [], device, quiet)
+    print(summary["table"], end="")
+    print(f"GLUE score {100 * summary['score']:.1f} (written to {out / 'glue.json'} and glue.md)")
 
 
 @app.command()
@@ -331,14 +357,17 @@ def predict(
 @app.command("export-hf")
 @user_errors
 def export_hf(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a BERT checkpoint from tcli pretrain-bert")],
+    checkpoint: Annotated[
+        Path, typer.Option("--checkpoint", help="a BERT checkpoint (pretrain-bert) or a fine-tuned one (finetune)")
+    ],
     out: Annotated[Path, typer.Option("--out", help="folder to write (config.json, model.safetensors, ...)")],
     force: Annotated[
         bool,
         typer.Option("--force", help="write into a non-empty folder, replacing the HF model and tokenizer files there"),
     ] = False,
 ) -> None:
-    """Write a BERT checkpoint as a folder transformers loads: BertForPreTraining weights and a fast tokenizer."""
+    """Write a BERT checkpoint as a folder transformers loads (BertForPreTraining, or a fine-tuned model as
+    BertForSequenceClassification / BertForTokenClassification with its labels) and a fast tokenizer."""
     from transformer_cli.hf import export_hf as run
 
     folder = run(checkpoint, out, force)
@@ -353,7 +382,9 @@ def export_hf(
 @user_errors
 def count_params(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="a translation or BERT YAML config")] = None,
-    checkpoint: Annotated[Path | None, typer.Option("--checkpoint", help="a .pt checkpoint")] = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option("--checkpoint", help="a .pt checkpoint (translation, BERT or fine-tuned)")
+    ] = None,
     preset: Annotated[
         str | None, typer.Option("--preset", help="bert-base | bert-large | transformer-base | transformer-big")
     ] = None,
@@ -385,18 +416,22 @@ def fill_mask(
 @app.command()
 @user_errors
 def evaluate(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation or BERT checkpoint")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation, BERT or fine-tuned checkpoint")],
     split: Annotated[
         str | None,
         typer.Option(
             "--split",
             help="a split of the checkpoint's data: translation "
-            "{data.dir}/NAME.{src_lang,tgt_lang}; BERT train | valid",
+            "{data.dir}/NAME.{src_lang,tgt_lang}; BERT and fine-tuned: train | valid (GLUE: or its dev split)",
         ),
     ] = None,
     input: Annotated[
         Path | None,
-        typer.Option("--input", "-i", help="source file (translation) or text in the training format (BERT)"),
+        typer.Option(
+            "--input",
+            "-i",
+            help="source file (translation), text in the training format (BERT), labelled file (fine-tuned)",
+        ),
     ] = None,
     reference: Annotated[Path | None, typer.Option("--reference", help="translation: references of --input")] = None,
     data_dir: Annotated[
@@ -414,7 +449,8 @@ def evaluate(
         typer.Option("--precision", help="auto | fp32 | bf16 | fp16 (default: the checkpoint's train.precision)"),
     ] = None,
 ) -> None:
-    """Score a checkpoint: translation loss, perplexity, BLEU, chrF; BERT MLM/NSP metrics."""
+    """Score a checkpoint: translation loss, perplexity, BLEU, chrF; BERT MLM/NSP metrics; a fine-tuned model's
+    task metrics."""
     from transformer_cli.errors import UserError
     from transformer_cli.evaluate import run_evaluate
 

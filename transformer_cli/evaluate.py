@@ -44,18 +44,16 @@ def run_evaluate(
     if (split is None) == (input_path is None):
         raise UserError("give either --split NAME or --input FILE")
     ckpt = read_checkpoint(checkpoint)
-    if ckpt.kind == "finetune":  # scoring a fine-tuned model here is not built yet (issue 22)
-        raise UserError(
-            f"{checkpoint} is a fine-tuned checkpoint: tcli evaluate does not score those yet; its dev scores are "
-            "in the run's metrics.jsonl, and tcli predict labels new text"
-        )
-    if ckpt.kind == "bert" and (reference is not None or beam is not None or lenpen is not None):
-        raise UserError(f"{checkpoint} is a BERT checkpoint: --reference, --beam and --lenpen are for translation")
+    if ckpt.kind != "translation" and (reference is not None or beam is not None or lenpen is not None):
+        what = "a BERT" if ckpt.kind == "bert" else "a fine-tuned"
+        raise UserError(f"{checkpoint} is {what} checkpoint: --reference, --beam and --lenpen are for translation")
     runtime = Runtime.create(device, precision or ckpt.cfg.train.precision)
     model = ckpt.build_model().to(runtime.device).eval()
     with torch.inference_mode():
         if ckpt.kind == "translation":
             result = _evaluate_translation(ckpt, model, runtime, split, input_path, reference, data_dir, beam, lenpen)
+        elif ckpt.kind == "finetune":
+            result = _evaluate_finetuned(ckpt, model, runtime, split, input_path, data_dir)
         else:
             result = _evaluate_bert(ckpt, model, runtime, split, input_path, data_dir)
     result = {
@@ -177,8 +175,83 @@ def _evaluate_bert(
     }
 
 
+def _evaluate_finetuned(
+    ckpt: Checkpoint,
+    model: nn.Module,
+    runtime: Runtime,
+    split: str | None,
+    input_path: Path | None,
+    data_dir: Path | None,
+) -> dict[str, Any]:
+    """The task's metrics and score on labelled examples, by the function training's dev evaluation uses.
+    `--split valid` is the run's dev evaluation (for MNLI both dev splits, the second as "<split>/<metric>")."""
+    from transformer_cli.finetuned import evaluate_examples
+
+    meta, metrics = ckpt.finetune, tuple(ckpt.state["finetune"].get("metrics") or ())
+    sets = _labelled_examples(ckpt, split, input_path, data_dir)
+    result: dict[str, Any] = {"data": split if split is not None else str(input_path)}
+    for i, (name, examples) in enumerate(sets.items()):
+        scores, _ = evaluate_examples(model, meta, metrics, examples, None, runtime.device, runtime.context)
+        prefix = "" if i == 0 else f"{name}/"
+        result.update({f"{prefix}examples": len(examples), **{f"{prefix}{k}": v for k, v in scores.items()}})
+    return result
+
+
+def _labelled_examples(
+    ckpt: Checkpoint, split: str | None, input_path: Path | None, data_dir: Path | None
+) -> dict[str, list[Any]]:
+    """{split name: labelled examples}: a split of the run's data (GLUE's own splits for a GLUE task), or --input
+    read with the training columns (a .conll file for a tagger); labels outside the trained set are refused."""
+    from transformer_cli.datasets.labeled import GLUE_TASKS, check_labels, glue_key, read_conll, read_glue, read_table
+    from transformer_cli.errors import UserError
+
+    cfg, meta = ckpt.cfg, ckpt.finetune
+    d, folder = cfg.data, Path(data_dir or cfg.data.dir)
+    glue = GLUE_TASKS[glue_key(cfg.task.glue)] if cfg.task.glue else None
+    if split is not None and glue is not None:
+        names = ("train", "valid", *glue.dev_splits)
+        if split not in names:
+            raise UserError(f"--split {split!r}: GLUE {glue.folder} has the splits {', '.join(names)}")
+        chosen = glue.dev_splits if split == "valid" else (split,)
+        return {name: read_glue(folder, glue.name, name) for name in chosen}
+    if split is not None:
+        if split not in ("train", "valid"):
+            raise UserError(f"--split {split!r}: a fine-tuning run has the splits train and valid (data.train, .valid)")
+        path = folder / getattr(d, split)
+    else:
+        path = input_path
+    if not path.is_file():
+        raise UserError(
+            f"{path} not found" + (f" (the checkpoint's data.dir is {d.dir}; see --data-dir)" if split else "")
+        )
+    if meta.kind == "tagging":
+        examples: list[Any] = read_conll(path)
+        unlabelled = next((ex for ex in examples if ex.tags is None), None)
+    else:
+        text, pair, label = d.text, d.pair, d.label
+        if glue is not None:  # a file with the GLUE task's own column names (CoLA's, unnamed: sentence, label)
+            text, label = (c if isinstance(c, str) else n for c, n in ((glue.text, d.text), (glue.label, d.label)))
+            pair = glue.pair if isinstance(glue.pair, str) else None
+        examples = read_table(path, text, pair, label, "regression" if meta.kind == "regression" else "classification")
+        unlabelled = next((ex for ex in examples if ex.label is None), None)
+    if not examples:
+        raise UserError(f"{path}: no examples to score")
+    if unlabelled is not None:
+        raise UserError(f"{path}:{unlabelled.line}: no label; tcli evaluate needs labels (tcli predict labels text)")
+    if meta.labels:
+        check_labels(examples, meta.labels, path)
+    return {split or "input": examples}
+
+
 def _describe(r: dict[str, Any]) -> str:
     head = f"{r['checkpoint']} ({r['kind']}, step {r['step']}) on {r['data']}"
+    if r["kind"] == "finetune":
+        shown = "  ".join(
+            f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in r.items()
+            if k not in ("checkpoint", "kind", "step", "data", "device", "precision")
+        )
+        return f"{head}\n{shown}"
     if r["kind"] == "bert":
         return "\n".join(
             [

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from transformer_cli import task_metrics
 from transformer_cli.bert_tokenizer import BertTokenizer, pack
 from transformer_cli.config import BertModelConfig
 from transformer_cli.errors import UserError
@@ -281,3 +282,58 @@ def decide(kind: str, logits: list[Tensor]) -> tuple[list[Any], list[float]]:
             preds.append(int(p.argmax()))
             probs.append(float(p.max()))
     return preds, probs
+
+
+# ----------------------------------------------------------------------------- scoring (training and tcli evaluate)
+
+EVAL_ROWS = 64  # examples per evaluation batch (length-sorted: little padding)
+
+
+def features_of(meta: FinetuneMeta, examples: list[Any]) -> Features:
+    """Examples (with labels as ids, floats or tag ids) -> encoded features under the model's tokenizer."""
+    index = {label: i for i, label in enumerate(meta.labels)}
+    if meta.kind == "tagging":
+        sentences = [ex.words for ex in examples]
+        tagged = all(ex.tags is not None for ex in examples)
+        tags = [[index[t] for t in ex.tags] for ex in examples] if tagged else None
+        return encode_tagged(meta.tokenizer, sentences, tags, meta.max_seq_len)
+    pairs = [ex.pair or "" for ex in examples] if any(ex.pair is not None for ex in examples) else None
+    labelled = all(ex.label is not None for ex in examples)
+    labels = None
+    if labelled:
+        labels = [float(ex.label) if meta.kind == "regression" else index[ex.label] for ex in examples]
+    return encode_texts(meta.tokenizer, [ex.text for ex in examples], pairs, labels, meta.max_seq_len)
+
+
+def score(meta: FinetuneMeta, metrics: Sequence[str], examples: list[Any], preds: list[Any]) -> dict[str, float]:
+    """The task's metrics of predictions (ids, floats or tag-id lists) against the examples' labels, and
+    "score": their mean (GLUE's score of a task), which selects best.pt."""
+    if meta.kind == "tagging":
+        gold = [list(ex.tags) for ex in examples]
+        pred = [[meta.labels[i] for i in p] + ["O"] * (len(g) - len(p)) for p, g in zip(preds, gold)]
+    elif meta.kind == "regression":
+        gold, pred = [float(ex.label) for ex in examples], preds
+    else:
+        index = {label: i for i, label in enumerate(meta.labels)}
+        gold, pred = [index[ex.label] for ex in examples], preds
+    results = task_metrics.compute(metrics, pred, gold)
+    results["score"] = task_metrics.main_value(results, metrics)
+    return results
+
+
+def evaluate_examples(
+    model: nn.Module,
+    meta: FinetuneMeta,
+    metrics: Sequence[str],
+    examples: list[Any],
+    features: Features | None,
+    device: torch.device,
+    context: Callable,
+) -> tuple[dict[str, float], list[Any]]:
+    """(the metrics and score, the predictions) of labelled examples: what training logs at each evaluation
+    and `tcli evaluate` prints, computed by this one function."""
+    features = features if features is not None else features_of(meta, examples)
+    batches = length_order(features, EVAL_ROWS)
+    logits = predict_logits(model, features, batches, meta.tokenizer.pad_id, meta.kind, device, context)
+    preds, _ = decide(meta.kind, logits)
+    return score(meta, metrics, examples, preds), preds

@@ -1,5 +1,6 @@
 """Hugging Face interoperability for BERT: `tcli export-hf` writes a folder that
-`transformers.BertForPreTraining.from_pretrained` loads, and `--init-from-hf` reads one back.
+`transformers.BertForPreTraining.from_pretrained` loads (a fine-tuned checkpoint: BertForSequenceClassification
+or BertForTokenClassification, with its labels), and `--init-from-hf` reads one back.
 
 The folder holds config.json, model.safetensors (HF parameter names), our sentencepiece model
 (spiece.model, so that a run can continue with the same vocabulary), and a fast tokenizer that encodes
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from transformer_cli.checkpoint import check_weights, read_checkpoint
+from transformer_cli.checkpoint import Checkpoint, check_weights, read_checkpoint
 from transformer_cli.config import BertModelConfig
 from transformer_cli.errors import UserError, quote
 from transformer_cli.files import write_atomic
@@ -48,9 +50,13 @@ _LAYER_NAMES = {
 }
 
 
-def to_hf_state_dict(state: dict[str, Tensor], layers: int) -> dict[str, Tensor]:
-    """Our BERT state dict -> HF BertForPreTraining names (Q, K, V split out of the fused projection)."""
-    out = {hf: state[ours] for ours, hf in _NAMES.items()}
+_PRETRAINING_HEADS = ("nsp_head.", "mlm_dense.", "mlm_norm.", "mlm_bias")
+
+
+def to_hf_state_dict(state: dict[str, Tensor], layers: int, heads: bool = True) -> dict[str, Tensor]:
+    """Our BERT state dict -> HF BertForPreTraining names (Q, K, V split out of the fused projection);
+    `heads=False`: the encoder and pooler alone (BertModel's tensors, under the "bert." prefix)."""
+    out = {hf: state[ours] for ours, hf in _NAMES.items() if heads or not ours.startswith(_PRETRAINING_HEADS)}
     for i in range(layers):
         prefix, hf = f"encoder.{i}.", _LAYER.format(i=i)
         for kind in ("weight", "bias"):
@@ -145,7 +151,11 @@ def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
     from transformer_cli.export.folders import prepare_folder
     from transformer_cli.export.hf_tokenizer import special_tokens_map, tokenizer_config, tokenizer_json
 
-    ckpt = read_checkpoint(checkpoint, kind="bert")
+    ckpt = read_checkpoint(checkpoint)
+    if ckpt.kind == "finetune":  # BertForSequenceClassification / BertForTokenClassification
+        return export_finetuned(ckpt, out_dir, force)
+    if ckpt.kind != "bert":
+        raise UserError(f"{checkpoint} holds a {ckpt.kind} model, not a bert model")
     cfg, (vocab,) = ckpt.cfg, ckpt.vocabs
     model = ckpt.build_model()  # validates every tensor's name, shape and finiteness
     try:
@@ -161,6 +171,66 @@ def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
     _write_json(tokenizer_config(cfg.model.max_positions), out_dir / "tokenizer_config.json")
     _write_json(special_tokens_map(), out_dir / "special_tokens_map.json")
     return out_dir
+
+
+def export_finetuned(ckpt: Checkpoint, out_dir: Path, force: bool = False) -> Path:
+    """A fine-tuned checkpoint as BertForSequenceClassification (classification; regression with num_labels 1
+    and problem_type "regression") or BertForTokenClassification (tagging): config.json with id2label and
+    label2id, model.safetensors, and the run's tokenizer (its tokenizer.json from an HF starting model, or the
+    one derived from the tcli sentencepiece vocabulary, with spiece.model), so that transformers' pipelines
+    answer with tcli's labels and logits."""
+    from safetensors.torch import save as save_safetensors
+
+    from transformer_cli.export.folders import prepare_folder
+    from transformer_cli.export.hf_tokenizer import special_tokens_map, tokenizer_config, tokenizer_json
+
+    meta = ckpt.finetune
+    model = ckpt.build_model()  # validates every tensor's name, shape and finiteness
+    tok = meta.tokenizer
+    if tok.kind == "sentencepiece":
+        try:
+            tokenizer = tokenizer_json(tok.vocab)
+        except ValueError as e:
+            raise UserError(f"{ckpt.path}: its vocabulary cannot be written as a HF tokenizer: {e}") from None
+    else:
+        tokenizer = json.loads(tok.data.decode("utf-8"))
+    prepare_folder(out_dir, force, HF_FILES + HF_SHARDS, "HF model and tokenizer")
+    state = model.state_dict()
+    encoder = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
+    weights = to_hf_state_dict(encoder, meta.encoder.layers, heads=False)
+    if meta.kind == "tagging":  # BertForTokenClassification has no pooler
+        weights = {k: v for k, v in weights.items() if not k.startswith("bert.pooler.")}
+    for name in ("classifier.weight", "classifier.bias"):
+        weights[name] = state[name].detach().contiguous().clone()
+    write_atomic(save_safetensors(weights, metadata={"format": "pt"}), out_dir / "model.safetensors")
+    _write_json(classifier_config(meta), out_dir / "config.json")
+    if tok.kind == "sentencepiece":
+        write_atomic(tok.data, out_dir / "spiece.model")
+    _write_json(tokenizer, out_dir / "tokenizer.json")
+    _write_json(tokenizer_config(meta.max_seq_len), out_dir / "tokenizer_config.json")
+    _write_json(special_tokens_map(), out_dir / "special_tokens_map.json")
+    return out_dir
+
+
+def classifier_config(meta: Any) -> dict:
+    """config.json of the HF class of a fine-tuned model (finetuned.FinetuneMeta), its labels named."""
+    from transformer_cli.params import HF_CLASSES
+
+    config = hf_config(meta.encoder, meta.vocab_size)
+    labels = meta.labels if meta.kind != "regression" else ["LABEL_0"]
+    config.update(
+        architectures=[HF_CLASSES[meta.kind]],
+        pad_token_id=meta.tokenizer.pad_id,
+        classifier_dropout=meta.classifier_dropout,
+        id2label={str(i): label for i, label in enumerate(labels)},
+        label2id={label: i for i, label in enumerate(labels)},
+    )
+    config["problem_type"] = {"regression": "regression", "classification": "single_label_classification"}.get(
+        meta.kind
+    )
+    if config["problem_type"] is None:
+        del config["problem_type"]
+    return config
 
 
 def load_hf_bert(folder: Path, model: BertModelConfig) -> tuple[dict[str, Tensor], Vocab]:

@@ -121,7 +121,16 @@ _TOP = {  # module (or parameter) name -> (group, row label)
     "mlm_decoder": ("pretraining heads", "MLM decoder"),  # no parameter: F.linear with the token embeddings
     "mlm_bias": ("pretraining heads", "MLM decoder bias"),
 }
-_GROUPS = ["embeddings", "encoder", "decoder", "final norms", "output projection", "pooler", "pretraining heads"]
+_GROUPS = [
+    "embeddings",
+    "encoder",
+    "decoder",
+    "final norms",
+    "output projection",
+    "pooler",
+    "pretraining heads",
+    "task head",
+]
 _ORDER = {label: i for i, (_, label) in enumerate(_TOP.values())}  # row order within a group
 _FUSED = {"qkv_proj": "QKV", "kv_proj": "KV", "q_proj": "Q", "out_proj": "O"}  # equal row blocks
 _SUBLAYER = {"attn_sub": "self-attn", "self_sub": "self-attn", "cross_sub": "cross-attn", "ffn_sub": "FFN"}
@@ -389,13 +398,73 @@ def _rows(weights: dict[str, Any], name: str, path: Path) -> int:
 def count_checkpoint(path: Path) -> dict[str, Any]:
     """The stored element count of a checkpoint, beside the count of the model its config builds."""
     ckpt = read_checkpoint(path, vocab=False)
-    if ckpt.kind == "finetune":  # counting a fine-tuned model's head is not built yet (issue 22)
-        raise UserError(f"{path} is a fine-tuned checkpoint: tcli count-params does not count those yet")
+    if ckpt.kind == "finetune":
+        report = count_finetuned(ckpt.finetune, f"checkpoint {path}")
+        report["stored_total"] = stored_count(ckpt.weights)
+        report["stored_matches"] = report["stored_total"] == report["total"]
+        return report
     kind, cfg, weights = ckpt.kind, ckpt.cfg, ckpt.weights
     src, tgt = ("embeddings.token.weight",) * 2 if kind == "bert" else ("src_embed.weight", "tgt_embed.weight")
     report = count_config(cfg, _rows(weights, src, path), _rows(weights, tgt, path), f"checkpoint {path}")
     report["stored_total"] = stored_count(weights)
     report["stored_matches"] = report["stored_total"] == report["total"]
+    return report
+
+
+HF_CLASSES = {
+    "classification": "BertForSequenceClassification",
+    "regression": "BertForSequenceClassification",
+    "tagging": "BertForTokenClassification",
+}
+
+
+def count_finetuned(meta: Any, source: str) -> dict[str, Any]:
+    """A fine-tuned model (finetuned.FinetuneMeta): the encoder and pooler as BERT's, plus the task head
+    (H·C + C for C outputs; tcli keeps the pooler for tagging too, where HF's class drops it)."""
+    from transformer_cli.finetuned import build_classifier
+
+    with torch.device("meta"):
+        model = build_classifier(meta)
+    e, V, C = meta.encoder, meta.vocab_size, meta.outputs
+    H = e.d_model
+    report = count_model(model.bert, "encoder")
+    head = H * C + C
+    what = f"{len(meta.labels)} labels" if meta.kind != "regression" else "1 output"
+    report["components"].append(_component(f"{meta.kind} classifier (weight, bias)", "task head", note=what))
+    report["components"][-1]["params"] = head
+    report["bert_model"] = report["total"]
+    report["total"] += head
+    report["trainable"] += head
+    full = bert_formula(e, V)
+    base = full.reference_value
+    name = HF_CLASSES[meta.kind]
+    terms = [
+        *full.terms[:5],
+        Term("task head", "H·C + C", f"{H}·{C} + {C}", head),
+        Term(name, "BertModel + head", f"{base:,} + {head:,}", base + head),
+    ]
+    sizes = {"V": V, "H": H, "L": e.layers, "A": e.heads, "F": e.ffn_dim, "P": e.max_positions, "T": 2, "C": C}
+    total = report["total"]
+    report.update(
+        kind="finetune",
+        task=meta.kind,
+        hf_class=name,
+        source=source,
+        sizes=sizes,
+        bytes_fp32=4 * total,
+        bytes_bf16=2 * total,
+        mb_fp32=round(4 * total / MB, 2),
+        mb_bf16=round(2 * total / MB, 2),
+        formula=[asdict(t) for t in terms],
+        formula_note=full.note,
+        formula_total=base + head,
+        formula_matches=base + head == total,
+        approximation=full.approximation,
+        approximation_text=full.approximation_text,
+        approximation_note=full.approximation_note + "; and the head",
+        approximation_of=name,
+        approximation_rel_error=(full.approximation - total) / total,
+    )
     return report
 
 
@@ -405,23 +474,27 @@ def _line(label: str, value: int, note: str = "") -> str:
 
 def format_table(r: dict[str, Any]) -> str:
     """The report as a plain-text table: components, totals, sizes, formula, approximation."""
-    bert = r["kind"] == "bert"
+    bert, finetuned = r["kind"] == "bert", r["kind"] == "finetune"
+    title = "BERT" if bert else "Transformer (translation)"
+    if finetuned:
+        title = f"fine-tuned BERT ({r['task']}, as {r['hf_class']})"
     out = [
-        f"{'BERT' if bert else 'Transformer (translation)'} from {r['source']}",
+        f"{title} from {r['source']}",
         "  ".join(f"{k}={v}" for k, v in r["sizes"].items()),
         "",
         f"{'component':<56}{'parameters':>14}",
     ]
     group = None
     for c in r["components"]:
-        if bert and c["group"] == "pretraining heads" and group != c["group"]:
+        if (bert or finetuned) and c["group"] in ("pretraining heads", "task head") and group != c["group"]:
             out.append(_line("= BertModel (encoder + pooler)", r["bert_model"]))
         if c["group"] != group:
             group = c["group"]
             out.append(group)
         out.append(_line("  " + c["name"], c["params"], c["note"]))
         out.extend(_line("    per layer: " + p["name"], p["params"]) for p in c.get("per_layer", []))
-    out.append(_line("= total" + (" (BertForPreTraining)" if bert else ""), r["total"]))
+    total_of = " (BertForPreTraining)" if bert else f" ({r['hf_class']})" if finetuned else ""
+    out.append(_line("= total" + total_of, r["total"]))
     out.append(f"trainable {r['trainable']:,}, frozen {r['frozen']:,}")
     out.append(f"size {r['mb_fp32']:,.2f} MB at fp32, {r['mb_bf16']:,.2f} MB at bf16 (MB = 2^20 bytes)")
     if "stored_total" in r:

@@ -16,13 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from transformer_cli.checkpoint import read_checkpoint
-from transformer_cli.datasets.labeled import GLUE_TASKS, TaggedSentence, TextExample, read_conll, read_table
+from transformer_cli.datasets.labeled import (
+    GLUE_TASKS,
+    TaggedSentence,
+    TextExample,
+    glue_key,
+    read_conll,
+    read_table,
+)
 from transformer_cli.errors import UserError
 from transformer_cli.finetuned import FinetuneMeta, decide, encode_tagged, encode_texts, length_order, predict_logits
-from transformer_cli.translate import _open_input, _writer, check_writable, chunks
+from transformer_cli.streams import chunks, open_input, writer
+from transformer_cli.translate import check_writable
 
 TABLES = (".tsv", ".csv", ".jsonl", ".json")
 ROWS = 64  # examples per forward pass
+FIRST_CHUNK_LINES, MAX_CHUNK_LINES = 64, 4096  # plain lines: the first predictions come out at once
 
 
 class Predictor:
@@ -40,8 +49,6 @@ class Predictor:
         """The text (and pair) columns the model was trained on."""
         d, glue = self.cfg.data, self.cfg.task.glue
         if glue is not None:
-            from transformer_cli.tasks.finetune_setup import glue_key
-
             t = GLUE_TASKS[glue_key(glue)]
             text = t.text if isinstance(t.text, str) else "sentence"
             return text, t.pair if isinstance(t.pair, str) else None
@@ -100,17 +107,17 @@ def run_predict(
     with ExitStack() as stack:
         predictor = Predictor(checkpoint, device, precision)
         tagging = predictor.meta.kind == "tagging"
-        write = _writer(output, stack)
+        write = writer(output, stack)
         if suffix in TABLES and not tagging:
             text, pair = predictor.columns()
             kind = "regression" if predictor.meta.kind == "regression" else "classification"
             return _write_all(predictor, [read_table(input_path, text, pair, None, kind)], write)
         if suffix == ".conll" and tagging:
             return _write_all(predictor, [read_conll(input_path)], write)
-        lines = stack.enter_context(_open_input(input_path, sys.stdin))
+        lines = stack.enter_context(open_input(input_path, sys.stdin))
         name, pair_model = str(input_path or "<stdin>"), predictor.columns()[1] is not None
         number = 0
-        for chunk in chunks(lines):  # written before the next chunk is read
+        for chunk in chunks(lines, FIRST_CHUNK_LINES, MAX_CHUNK_LINES):  # written before the next chunk is read
             examples = [_plain(line, number + i + 1, pair_model, tagging, name) for i, line in enumerate(chunk)]
             number += _write_all(predictor, [examples], write)
         return number

@@ -1,6 +1,6 @@
 """The run lifecycle every task shares: the run directory and its lock, config.yaml, the vocabulary,
-resume checks, and the end of a run. A task (translation, BERT) only says what differs: how it reads
-its data, trains its vocabulary and builds its model (`TaskSetup`).
+resume checks, and the end of a run. A task (translation, BERT, fine-tuning) only says what differs: how it
+reads its data, makes its vocabulary (or tokenizer) and builds its model (`TaskSetup`).
 
 The order is what makes the guarantees: lock the directory; read and check everything (the checkpoint
 to resume, the config against it, the data, the memory the model needs); only then write (config.yaml,
@@ -270,22 +270,33 @@ def check_training_memory(parameters: int, extra_elements: int, device: Any) -> 
 
 
 class TaskSetup(Protocol):
-    """What a task tells the runner: its data, its vocabulary, its model."""
+    """What a task tells the runner: its data, its vocabulary, its model.
 
-    kind: str  # "translation" | "bert"
+    A "vocabulary" is what the run's vocab/ folder holds and what a resume takes from the checkpoint: any object
+    with `model_bytes` (the file's content). Translation and BERT train sentencepiece models (`Vocab`); fine-tuning
+    writes the starting model's own tokenizer. A task whose data are not token arrays (`has_shards` False, as
+    fine-tuning's small labelled files, tokenised in memory) has no data/ folder: `make_task` gets `data` None and
+    the preprocessing methods are not called."""
 
+    kind: str  # "translation" | "bert" | "finetune"
+    has_shards: bool  # the data are token arrays in the run's data/ folder (or data.preprocessed)
+
+    def resuming(self, ckpt: Checkpoint) -> None: ...  # told the checkpoint a resume continues, before any check
     def read_data(self) -> None: ...  # check the data can be read (before anything is written)
     def data_fingerprint(self) -> str: ...  # a hash of the training files
     def count_parameters(self) -> tuple[int, int]: ...  # (parameters, other elements) from the config
     def vocab_files(self) -> list[str]: ...  # names of the vocabulary's .model files, e.g. ["joint"]
+    def vocab_paths(self, folder: Path) -> list[Path]: ...  # the vocabulary's files in `folder`
+    def load_vocabs(self, folder: Path) -> list[Any]: ...  # the vocabulary read back from `folder`
     def vocab_settings(self) -> dict[str, Any]: ...  # what the vocabulary was built from
-    def train_vocabs(self, quiet: bool) -> list[Vocab]: ...  # from a bounded sample of the text, or given
-    def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Vocab]: ...
+    def train_vocabs(self, quiet: bool) -> list[Any]: ...  # from a bounded sample of the text, or given
+    def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Any]: ...
     def preprocessed(self) -> Manifest | None: ...  # the data.preprocessed folder (checked), if any
     def data_settings(self) -> dict[str, Any]: ...  # what the token arrays depend on besides the vocabulary
     def sources(self) -> dict[str, Any]: ...  # sizes and hashes of the text files
     def write_shards(self, folder: Path, vocabs: list[Vocab], quiet: bool) -> dict[str, Any]: ...  # -> splits
-    def make_task(self, vocabs: list[Vocab], data: Manifest, quiet: bool) -> Any: ...  # build the model -> Task
+    def make_task(self, vocabs: list[Any], data: Manifest | None, quiet: bool) -> Any: ...  # build the model -> Task
+    def train_config(self, task: Any) -> Any: ...  # the trainer's config (the run's train section, resolved)
 
 
 class SetupBase:
@@ -294,11 +305,27 @@ class SetupBase:
 
     kind: str
     cfg: Any
+    has_shards = True
 
     def __init__(self) -> None:
         self._manifest: Manifest | None = None
         self._sources: dict[str, Any] | None = None
         self._read: dict[Path, dict[str, Any]] = {}  # path -> {"size", "sha256"} of the files read_data read
+
+    def resuming(self, ckpt: Checkpoint) -> None:
+        pass
+
+    def vocab_files(self) -> list[str]:
+        raise NotImplementedError
+
+    def vocab_paths(self, folder: Path) -> list[Path]:
+        return [folder / f"{name}.model" for name in self.vocab_files()]
+
+    def load_vocabs(self, folder: Path) -> list[Any]:
+        return [Vocab.load(p) for p in self.vocab_paths(folder)]
+
+    def train_config(self, task: Any) -> Any:
+        return self.cfg.train
 
     def data_settings(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -335,6 +362,7 @@ def run_training(
         ckpt = _checkpoint_to_resume(directory, resume, quiet)
         finished = None
         if ckpt is not None:
+            setup.resuming(ckpt)
             check_resume_config(ckpt.state["config"], cfg.model_dump(mode="json"), ckpt.path)
             if ckpt.state.get("data_fingerprint") != setup.data_fingerprint():
                 raise UserError(
@@ -357,13 +385,13 @@ def run_training(
             directory.start(cfg, fresh=ckpt is None)
             say(quiet, f"run directory {run_dir}; {runtime.describe()}")
             save_vocab(directory.path, setup, vocabs, ckpt)
-            data = prepare_data(data_folder, setup, vocabs, quiet)
+            data = prepare_data(data_folder, setup, vocabs, quiet) if setup.has_shards else None
         runtime.barrier(patient=True)  # the other ranks wait while rank 0 trains the vocabulary and tokenises
         if not runtime.is_main:  # the other ranks map the same files: the page cache holds one copy
-            vocabs = [Vocab.load(directory.path / "vocab" / f"{name}.model") for name in setup.vocab_files()]
-            data = setup.preprocessed() or read_manifest(data_folder, setup.kind)
+            vocabs = setup.load_vocabs(directory.path / "vocab")
+            data = (setup.preprocessed() or read_manifest(data_folder, setup.kind)) if setup.has_shards else None
         task = setup.make_task(vocabs, data, quiet)
-        trainer = Trainer(task, cfg.train, run_dir, runtime, quiet)
+        trainer = Trainer(task, setup.train_config(task), run_dir, runtime, quiet)
         trainer.on_saved = directory.saved
         if ckpt is not None:
             trainer.restore(ckpt)
@@ -418,21 +446,20 @@ def choose_vocab(root: Path, setup: TaskSetup, ckpt: Checkpoint | None, quiet: b
     when resuming; else the one in `root`/vocab if it was built from the same settings and data (vocab/vocab.json
     says so); else a new one. Every refusal about the vocabulary is raised here, before the run writes."""
     folder = root / "vocab"
-    paths = [folder / f"{name}.model" for name in setup.vocab_files()]
+    paths = setup.vocab_paths(folder)
     if ckpt is not None:
         return setup.vocabs_from_checkpoint(ckpt)
     if all(p.is_file() for p in paths) and _read_json(folder / "vocab.json") == setup.vocab_settings():
-        return [Vocab.load(p) for p in paths]
+        return setup.load_vocabs(folder)
     return setup.train_vocabs(quiet)
 
 
-def save_vocab(root: Path, setup: TaskSetup, vocabs: list[Vocab], ckpt: Checkpoint | None) -> None:
+def save_vocab(root: Path, setup: TaskSetup, vocabs: list[Any], ckpt: Checkpoint | None) -> None:
     """`root`/vocab: the model files (rewritten only when they differ) and vocab.json, the settings they were
     built from."""
     folder = root / "vocab"
     meta_path = folder / "vocab.json"
-    for name, vocab in zip(setup.vocab_files(), vocabs):
-        path = folder / f"{name}.model"
+    for vocab, path in zip(vocabs, setup.vocab_paths(folder)):
         if not path.is_file() or path.read_bytes() != vocab.model_bytes:
             write_atomic(vocab.model_bytes, path)
     if ckpt is None or not meta_path.is_file():

@@ -8,25 +8,24 @@ after the first small chunk.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
 
 import torch
 
 from transformer_cli.checkpoint import read_checkpoint
-from transformer_cli.datasets.text import LineReader, open_lines, read_lines
+from transformer_cli.datasets.text import LineReader, read_lines
 from transformer_cli.decode import DecodeOptions, decode_corpus
 from transformer_cli.errors import UserError
 from transformer_cli.models.transformer import Transformer
 from transformer_cli.runtime import Runtime
+from transformer_cli.streams import chunks, open_input, writer
 from transformer_cli.vocab import BOS_ID, EOS_ID, Vocab
 
 
@@ -88,32 +87,6 @@ FIRST_CHUNK_LINES = 64
 MAX_CHUNK_LINES = 4096
 
 
-def _open_input(path: Path | None, stdin: TextIO) -> LineReader:
-    if path is None or str(path) == "-":
-        stream = stdin.buffer if hasattr(stdin, "buffer") else io.BytesIO(stdin.read().encode())
-        return LineReader(stream, "<stdin>")
-    return open_lines(path)
-
-
-def chunks(lines: LineReader) -> Iterator[list[str]]:
-    """The input in chunks of FIRST_CHUNK_LINES lines, then twice as many, ... up to MAX_CHUNK_LINES.
-    A chunk also ends where the input pauses (a pipe or terminal with no next line written yet), so the
-    lines that have come are translated without waiting for more."""
-    size, chunk = FIRST_CHUNK_LINES, []
-    try:
-        for line in lines:
-            chunk.append(line)
-            if len(chunk) >= size or lines.waiting():
-                yield chunk
-                chunk, size = [], min(2 * size, MAX_CHUNK_LINES)
-    except UserError:  # an invalid line: every line before it is translated and written, then the error
-        if chunk:
-            yield chunk
-        raise
-    if chunk:
-        yield chunk
-
-
 @dataclass
 class InspectOptions:
     """What `tcli translate` shows of the attention behind its translations (see transformer_cli/attention.py)."""
@@ -150,14 +123,14 @@ def run_translate(
         prepare_folder(inspect.attention_dir)
     refs = read_lines(reference) if reference is not None else None
     with ExitStack() as stack:
-        lines = stack.enter_context(_open_input(input_path, sys.stdin))
+        lines = stack.enter_context(open_input(input_path, sys.stdin))
         translator = Translator.from_checkpoint(checkpoint, device, precision)
         layer = None
         if inspect.print_alignment:
             from transformer_cli.attention import resolve_layer
 
             layer = resolve_layer(inspect.alignment_layer, len(translator.model.decoder))
-        write = _writer(output, stack)
+        write = writer(output, stack)
         done = _translate_stream(translator, lines, write, opts, layer, inspect, keep_best=refs is not None)
     if refs is not None and len(refs) != done.sentences:
         raise UserError(f"--reference {reference} has {len(refs)} lines but the input has {done.sentences}")
@@ -217,7 +190,7 @@ def _translate_stream(
 ) -> _Streamed:
     """Translate chunk by chunk, writing each chunk's output before reading on."""
     done = _Streamed()
-    for chunk in chunks(lines):
+    for chunk in chunks(lines, FIRST_CHUNK_LINES, MAX_CHUNK_LINES):
         start = time.perf_counter()
         results = translator.translate(
             chunk, opts, warn=lambda message: print(message, file=sys.stderr), first_line=done.sentences
@@ -248,31 +221,6 @@ def _translate_stream(
             ]
         done.sentences += len(chunk)
     return done
-
-
-def _writer(output: Path | None, stack: ExitStack) -> Callable[[str], None]:
-    """A function that writes text to stdout or --output (opened once) and flushes it: each chunk's
-    lines are out before the next chunk is read."""
-    if output is None:
-
-        def write(text: str) -> None:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-
-        return write
-    try:
-        f = stack.enter_context(open(output, "w", encoding="utf-8"))
-    except OSError as e:
-        raise UserError(f"--output {output}: cannot write: {e.strerror or e}") from None
-
-    def write_file(text: str) -> None:
-        try:
-            f.write(text)
-            f.flush()
-        except OSError as e:
-            raise UserError(f"--output {output}: cannot write: {e.strerror or e}") from None
-
-    return write_file
 
 
 def _alignments(

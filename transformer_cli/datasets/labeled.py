@@ -13,11 +13,12 @@ while reading, before anything is written. No torch here: the readers are import
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer_cli.datasets.text import BOM, decode_utf8, invalid_utf8, read_error
@@ -61,6 +62,28 @@ class GlueTask:
     labels: tuple[str, ...] | None  # GLUE's label order (the label ids); None for regression
     metrics: tuple[str, ...]  # names understood by task_metrics.compute, main metric first
     dev_splits: tuple[str, ...]  # ("dev",); MNLI: ("dev_matched", "dev_mismatched")
+
+
+@dataclass
+class LabelledData:
+    """The training and validation examples of a run, and what scores them."""
+
+    kind: str
+    train: list[TextExample] | list[TaggedSentence]
+    valid: list[TextExample] | list[TaggedSentence]
+    labels: tuple[str, ...]  # label ids are positions here; () for regression
+    metrics: tuple[str, ...]
+    files: list[Path]  # the training file(s): their hash is the data fingerprint
+    valid_path: Path
+    # Further dev splits, evaluated beside `valid` and logged as "<split>/<metric>" (MNLI's dev_mismatched);
+    # `valid` (MNLI's dev_matched) alone selects best.pt.
+    more_valid: dict[str, list[TextExample]] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        for path in self.files:
+            h.update(path.read_bytes())
+        return h.hexdigest()
 
 
 _BINARY = ("0", "1")
@@ -108,6 +131,14 @@ GLUE_TASKS: dict[str, GlueTask] = {
         _glue("wnli", "WNLI", "sentence1", "sentence2", "label", _BINARY, ("accuracy",)),
     )
 }
+
+
+def glue_key(name: str) -> str:
+    """ "SST-2", "sst2", "STS-B" -> the GLUE_TASKS key; an unknown name is a one-line error."""
+    key = name.lower().replace("-", "").replace("_", "")
+    if key not in GLUE_TASKS:
+        raise UserError(f"task.glue: unknown GLUE task {name!r}; the tasks are {', '.join(GLUE_TASKS)}")
+    return key
 
 
 def glue_tasks_in(data_dir: Path) -> list[str]:

@@ -37,6 +37,7 @@ class BertTask:
     kind = "bert"
     throughput_key = "tokens_per_sec"
     best_metric, best_mode = "mlm_loss", "min"
+    evaluate_each_epoch = False
 
     def __init__(self, cfg: BertRunConfig, vocab: Vocab, data: Manifest, model: nn.Module, data_fingerprint: str):
         self.cfg, self.vocab, self.model = cfg, vocab, model

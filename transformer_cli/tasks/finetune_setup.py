@@ -1,65 +1,51 @@
-"""What a fine-tuning run reads before anything is written: its labelled data (a GLUE folder, a table, CoNLL
-files), the label set, and the starting encoder (`model.init`: a tcli BERT checkpoint, a Hugging Face BERT
-folder with its own tokenizer, or none). Every problem is a one-line UserError, raised here."""
+"""What the run lifecycle (run.py) needs to know about fine-tuning, and what a fine-tuning run reads before
+anything is written: its labelled data (a GLUE folder, a table, CoNLL files), the label set, and the starting
+encoder (`model.init`: a tcli BERT checkpoint, a Hugging Face BERT folder with its own tokenizer, or none).
+Every problem is a one-line UserError, raised here.
+
+`FinetuneSetup` is the lifecycle's TaskSetup: no token arrays (the labelled files are small and tokenised in
+memory), and its "vocabulary" is the starting model's tokenizer, written to the run's vocab/ folder."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformer_cli.config import BertModelConfig, FinetuneRunConfig
+from transformer_cli.config import BertModelConfig, FinetuneRunConfig, FinetuneTrainConfig
+from transformer_cli.console import say
 from transformer_cli.datasets.labeled import (
     GLUE_TASKS,
+    LabelledData,
     TaggedSentence,
     TextExample,
     check_labels,
+    glue_key,
     label_set,
     read_conll,
     read_glue,
     read_table,
 )
 from transformer_cli.errors import UserError
+from transformer_cli.run import SetupBase, run_training
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from transformer_cli.bert_tokenizer import BertTokenizer
+    from transformer_cli.checkpoint import Checkpoint
+    from transformer_cli.finetuned import FinetuneMeta
+    from transformer_cli.tasks.finetune import FinetuneTask
 
 DEFAULT_METRICS = {
     "classification": ("accuracy",),
     "regression": ("pearson", "spearman"),
     "tagging": ("entity_f1", "entity_precision", "entity_recall"),
 }
-
-
-def glue_key(name: str) -> str:
-    """ "SST-2", "sst2", "STS-B" -> the GLUE_TASKS key; an unknown name is a one-line error."""
-    key = name.lower().replace("-", "").replace("_", "")
-    if key not in GLUE_TASKS:
-        raise UserError(f"task.glue: unknown GLUE task {name!r}; the tasks are {', '.join(GLUE_TASKS)}")
-    return key
-
-
-@dataclass
-class LabelledData:
-    """The training and validation examples of a run, and what scores them."""
-
-    kind: str
-    train: list[TextExample] | list[TaggedSentence]
-    valid: list[TextExample] | list[TaggedSentence]
-    labels: tuple[str, ...]  # label ids are positions here; () for regression
-    metrics: tuple[str, ...]
-    files: list[Path]  # the training file(s): their hash is the data fingerprint
-    valid_path: Path
-
-    def fingerprint(self) -> str:
-        h = hashlib.sha256()
-        for path in self.files:
-            h.update(path.read_bytes())
-        return h.hexdigest()
 
 
 def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
@@ -71,6 +57,7 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
             raise UserError(f"task.glue {t.glue} is a {g.kind} task, but task.kind is {t.kind}; set task.kind={g.kind}")
         valid_split = g.dev_splits[0]
         train, valid = read_glue(Path(d.dir), g.name, "train"), read_glue(Path(d.dir), g.name, valid_split)
+        more = {split: read_glue(Path(d.dir), g.name, split) for split in g.dev_splits[1:]}
         files = [Path(d.dir) / g.folder / "train.tsv"]
         labels, metrics = g.labels or (), g.metrics
         valid_path = Path(d.dir) / g.folder / f"{valid_split}.tsv"
@@ -93,14 +80,16 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
                     raise UserError(f"{path}:{unlabelled.line}: no tags; training and validation need a tag per word")
         else:
             train, valid = (_table(p, d, t.kind) for p in paths)
-        files, valid_path = [paths[0]], paths[1]
+        files, valid_path, more = [paths[0]], paths[1], {}
         labels = label_set(train, paths[0]) if t.kind != "regression" else ()
         metrics = DEFAULT_METRICS[t.kind]
     if labels:
         check_labels(valid, labels, valid_path)
+        for split, examples in more.items():
+            check_labels(examples, labels, valid_path.with_name(f"{split}.tsv"))
     if t.kind == "classification" and len(labels) < 2:
         raise UserError(f"{files[0]}: every training example has the label {labels[0]!r}; a classifier needs two")
-    return LabelledData(t.kind, train, valid, tuple(labels), tuple(t.metrics or metrics), files, valid_path)
+    return LabelledData(t.kind, train, valid, tuple(labels), tuple(t.metrics or metrics), files, valid_path, more)
 
 
 def _table(path: Path, d: Any, kind: str) -> list[TextExample]:
@@ -294,3 +283,171 @@ def _read_hf_weights(folder: Path) -> dict[str, Tensor]:
     if not isinstance(state, dict):
         raise UserError(f"{path} holds no state dict")
     return state
+
+
+# ----------------------------------------------------------------------------- the run lifecycle
+
+
+class FinetuneSetup(SetupBase):
+    """What the shared run lifecycle (run.py) needs to know about a fine-tuning run.
+
+    The data and the starting model are read lazily, once, by whichever lifecycle step asks first (a resume's
+    data check, the memory check); a resume takes the label set, sizes and tokenizer from the checkpoint and
+    never reads `model.init` again."""
+
+    kind = "finetune"
+    has_shards = False
+
+    def __init__(self, cfg: FinetuneRunConfig):
+        super().__init__()
+        self.cfg = cfg
+        self._data: LabelledData | None = None
+        self._fingerprint: str | None = None
+        self.meta: FinetuneMeta | None = None
+        self.weights: dict[str, Tensor] | None = None  # the starting encoder's (None: random, or resumed)
+        self.described = ""
+
+    @property
+    def data(self) -> LabelledData:
+        if self._data is None:
+            self._data = read_labelled(self.cfg)
+        return self._data
+
+    def resuming(self, ckpt: Checkpoint) -> None:
+        self.meta, self.weights, self.described = ckpt.finetune, None, f"resumed {ckpt.path}"
+
+    def model_meta(self) -> FinetuneMeta:
+        """The model to train: the checkpoint's when resuming, else `model.init` (read here, once)."""
+        if self.meta is None:
+            from transformer_cli.finetuned import FinetuneMeta
+
+            data, cfg = self.data, self.cfg
+            source = resolve_init(cfg, data)
+            self.meta = FinetuneMeta(
+                data.kind,
+                list(data.labels),
+                source.encoder,
+                source.vocab_size,
+                source.tokenizer,
+                cfg.data.max_seq_len,
+                cfg.model.classifier_dropout,
+            )
+            self.weights, self.described = source.weights, source.description
+        return self.meta
+
+    def read_data(self) -> None:
+        meta, t = self.model_meta(), self.cfg.train
+        if meta.max_seq_len > meta.encoder.max_positions:
+            raise UserError(
+                f"data.max_seq_len ({meta.max_seq_len}) exceeds the model's {meta.encoder.max_positions} positions; "
+                f"set data.max_seq_len={meta.encoder.max_positions}"
+            )
+        if t.warmup_ratio and not (t.max_steps or t.max_epochs):
+            raise UserError("train.warmup_ratio needs train.max_steps or train.max_epochs (or set train.warmup_steps)")
+
+    def data_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = self.data.fingerprint()
+        return self._fingerprint
+
+    def source_files(self) -> list[Path]:
+        return list(self.data.files)
+
+    def data_settings(self) -> dict[str, Any]:
+        return {}
+
+    def preprocessed(self) -> None:
+        return None
+
+    def count_parameters(self) -> tuple[int, int]:
+        import torch
+
+        from transformer_cli.finetuned import build_classifier
+
+        meta = self.model_meta()  # (read outside the meta device: it may load the starting weights)
+        with torch.device("meta"):  # sizes only: nothing is allocated
+            model = build_classifier(meta)
+        return sum(p.numel() for p in model.parameters()), 0
+
+    def vocab_files(self) -> list[str]:
+        return [Path(self.model_meta().tokenizer.file_name).stem]
+
+    def vocab_paths(self, folder: Path) -> list[Path]:
+        return [folder / self.model_meta().tokenizer.file_name]
+
+    def load_vocabs(self, folder: Path) -> list[BertTokenizer]:
+        from transformer_cli.bert_tokenizer import BertTokenizer
+
+        (path,) = self.vocab_paths(folder)
+        return [BertTokenizer(self.model_meta().tokenizer.kind, path.read_bytes(), str(path))]
+
+    def vocab_settings(self) -> dict[str, Any]:
+        tokenizer = self.model_meta().tokenizer
+        return {
+            "kind": self.kind,
+            "init": self.cfg.model.init,
+            "tokenizer": tokenizer.kind,
+            "sha256": hashlib.sha256(tokenizer.data).hexdigest(),
+        }
+
+    def train_vocabs(self, quiet: bool) -> list[BertTokenizer]:
+        return [self.model_meta().tokenizer]
+
+    def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[BertTokenizer]:
+        return [ckpt.finetune.tokenizer]
+
+    def write_shards(self, folder: Path, vocabs: list[Any], quiet: bool) -> dict[str, Any]:
+        raise NotImplementedError("fine-tuning has no token arrays (has_shards is False)")
+
+    def make_task(self, vocabs: list[Any], data: None, quiet: bool) -> FinetuneTask:
+        """The model (seeded; the starting weights loaded, the head new) and the task with its encoded data."""
+        import torch
+
+        from transformer_cli.finetuned import build_classifier
+        from transformer_cli.tasks.finetune import FinetuneTask
+
+        meta, cfg = self.model_meta(), self.cfg
+        torch.manual_seed(cfg.train.seed)
+        random.seed(cfg.train.seed)
+        model = build_classifier(meta)
+        if self.weights is not None:
+            missing, unexpected = model.load_state_dict(self.weights, strict=False)
+            assert not unexpected and all(k.startswith("classifier.") for k in missing), (missing, unexpected)
+        task = FinetuneTask(cfg, meta, model, self.data, quiet)
+        _describe(task, self.described, quiet)
+        return task
+
+    def train_config(self, task: FinetuneTask) -> FinetuneTrainConfig:
+        return resolved_train(self.cfg.train, len(task.epoch_batches(0)))
+
+
+def resolved_train(train: FinetuneTrainConfig, batches_per_epoch: int) -> FinetuneTrainConfig:
+    """train.warmup_ratio as a number of warmup steps (of all the run's updates)."""
+    if not train.warmup_ratio:
+        return train
+    limits = [train.max_steps] if train.max_steps else []
+    if train.max_epochs:
+        limits.append(math.ceil(batches_per_epoch / train.accum_steps) * train.max_epochs)
+    if not limits:
+        raise UserError("train.warmup_ratio needs train.max_steps or train.max_epochs (or set train.warmup_steps)")
+    return train.model_copy(update={"warmup_steps": max(1, round(train.warmup_ratio * min(limits)))})
+
+
+def _describe(task: FinetuneTask, source: str, quiet: bool) -> None:
+    meta = task.meta
+    n_params = sum(p.numel() for p in task.model.parameters())
+    labels = f"{len(meta.labels)} labels" if meta.labels else "regression"
+    say(quiet, f"model: {source}; {n_params:,} parameters; {meta.kind} ({labels}); tokenizer {meta.tokenizer.kind}")
+    for name, feats in (("train", task.train), ("valid", task.valid)):
+        cut = f"; {feats.truncated:,} cut to max_seq_len {meta.max_seq_len}" if feats.truncated else ""
+        lost = f" ({feats.words_lost:,} words lost)" if feats.words_lost else ""
+        say(quiet, f"{name}: {len(feats):,} examples{cut}{lost}")
+    if isinstance(task.data.train[0], TaggedSentence) and task.train.truncated:
+        say(quiet, "tagging: words beyond max_seq_len are not trained on; raise data.max_seq_len to keep them")
+
+
+def finetune(
+    cfg: FinetuneRunConfig, run_dir: Path, device: str = "auto", resume: bool = False, quiet: bool = False
+) -> dict[str, Any]:
+    """`tcli finetune`: labelled data + a starting encoder -> a fine-tuned classifier; returns the end event."""
+    return run_training(FinetuneSetup(cfg), cfg, run_dir, device, resume, quiet)

@@ -28,6 +28,7 @@ from transformer_cli.vocab import Vocab
 class TranslationTask:
     kind = "translation"
     throughput_key = "tgt_tokens_per_sec"
+    evaluate_each_epoch = False
 
     def __init__(
         self,

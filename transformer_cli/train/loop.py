@@ -44,6 +44,10 @@ class Task(Protocol):
     throughput_key: str  # name of the tokens/s field in train events
     best_metric: str  # eval key that selects best.pt
     best_mode: str  # "max" or "min"
+    # Also evaluate (and save a step checkpoint) at the end of every epoch, besides every train.eval_every
+    # updates: fine-tuning's epochs are short and its recipes compare epochs. The last epoch's end is evaluated
+    # as every run's end is; patience counts these evaluations too.
+    evaluate_each_epoch: bool
 
     def epoch_batches(self, epoch: int) -> list[Any]: ...  # the epoch's batch specs, from seed and epoch
     def make_batch(self, spec: Any, epoch: int) -> Any: ...  # spec -> batch with .counts, .throughput_tokens, .to()
@@ -404,7 +408,7 @@ class Trainer:
         """Evaluate / save on schedule; return why training stops now, or None."""
         cfg, step = self.cfg, self.state.step
         reason = stop_reason(cfg, step, self.state.epoch, out_of_time, bad_evals=0)  # patience: after evaluating
-        if step % cfg.eval_every == 0 or reason:
+        if step % cfg.eval_every == 0 or reason or self._epoch_evaluation_due():
             self._evaluate_and_save(step_file=True, evaluate=True)
             if reason is None:
                 reason = stop_reason(cfg, step, self.state.epoch, False, self.state.bad_evals)
@@ -415,6 +419,16 @@ class Trainer:
         elif signalled:
             self._save(best=False, step_file=False)
         return reason or ("signal" if signalled else None)
+
+    def _epoch_evaluation_due(self) -> bool:
+        """Task.evaluate_each_epoch: this update ended an epoch that is not the run's last (whose end the loop
+        evaluates after counting the epoch)."""
+        state, max_epochs = self.state, self.cfg.max_epochs
+        return (
+            self.task.evaluate_each_epoch
+            and state.batch_in_epoch >= len(self.task.epoch_batches(state.epoch))
+            and not (max_epochs is not None and state.epoch + 1 >= max_epochs)
+        )
 
     def _evaluate_and_save(self, step_file: bool, evaluate: bool) -> None:
         improved = self._evaluate() if evaluate else False

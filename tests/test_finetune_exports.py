@@ -1,0 +1,199 @@
+"""Fine-tuned checkpoints everywhere a checkpoint is read: tcli evaluate (the run's own dev numbers), count-params
+(the head counted, formula exact), export-hf (transformers' pipelines give tcli's labels; logits within 1e-4)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from transformer_cli.cli import app
+
+transformers = pytest.importorskip("transformers")
+GROUPS = {"pos": "the cat sat on a mat".split(), "neg": "dog ran to house in garden".split()}
+TINY = "model: {init: none, d_model: 16, layers: 1, heads: 2, ffn_dim: 32, max_positions: 32}\nvocab: {size: 40}\n"
+
+
+def _finetune(folder: Path, config: str) -> Path:
+    (folder / "ft.yaml").write_text(config + TINY)
+    result = CliRunner().invoke(
+        app, ["finetune", "--config", str(folder / "ft.yaml"), "--out", str(folder / "run"), "--device", "cpu", "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Three tiny runs from init none: a classifier, a regressor (pairs) and a tagger."""
+    rng = random.Random(0)
+    folder = tmp_path_factory.mktemp("ft")
+    rows = []
+    for _ in range(40):
+        y = rng.choice(["pos", "neg"])
+        rows.append((" ".join(rng.choice(GROUPS[y]) for _ in range(rng.randint(2, 6))), y))
+    for split, part in (("train", rows[:28]), ("dev", rows[28:])):
+        (folder / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in part))
+        (folder / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"a": s, "b": s.split()[0], "score": 3.0 * (y == "pos")}) + "\n" for s, y in part)
+        )
+        (folder / f"{split}.conll").write_text(
+            "\n".join("".join(f"{w} {'B-ANI' if w in ('cat', 'dog') else 'O'}\n" for w in s.split()) for s, _ in part)
+        )
+    train = "train: {batch_size: 8, max_steps: 6, eval_every: 3, lr: 0.003, precision: fp32}\n"
+    out = {}
+    for kind, extra in (
+        ("classification", "data: {dir: %s, max_seq_len: 24}\n"),
+        (
+            "regression",
+            "data: {dir: %s, train: train.jsonl, valid: dev.jsonl, text: a, pair: b, label: score, max_seq_len: 24}\n",
+        ),
+        ("tagging", "data: {dir: %s, train: train.conll, valid: dev.conll, max_seq_len: 24}\n"),
+    ):
+        sub = folder / kind
+        sub.mkdir()
+        out[kind] = _finetune(sub, f"task: {{kind: {kind}}}\n" + extra % folder + train)
+    return out
+
+
+def _events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("kind", ["classification", "regression", "tagging"])
+def test_evaluate_gives_the_runs_dev_numbers(runs, kind):
+    run = runs[kind]
+    last_eval = [e for e in _events(run) if e["event"] == "eval"][-1]
+    result = CliRunner().invoke(
+        app, ["evaluate", "--checkpoint", str(run / "checkpoints" / "last.pt"), "--split", "valid", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)
+    assert got["kind"] == "finetune" and got["step"] == last_eval["step"]
+    for key in ("score", *(k for k in ("accuracy", "pearson", "spearman", "entity_f1") if k in last_eval)):
+        assert got[key] == pytest.approx(last_eval[key], abs=1e-6), key
+
+
+def test_evaluate_an_input_file_with_labels_and_refusals(runs, tmp_path):
+    run = runs["classification"]
+    ckpt = str(run / "checkpoints" / "last.pt")
+    data = run.parent.parent
+    by_split = CliRunner().invoke(app, ["evaluate", "--checkpoint", ckpt, "--split", "valid", "--json"])
+    by_file = CliRunner().invoke(app, ["evaluate", "--checkpoint", ckpt, "--input", str(data / "dev.tsv"), "--json"])
+    assert by_file.exit_code == 0, by_file.output
+    assert json.loads(by_file.stdout)["accuracy"] == json.loads(by_split.stdout)["accuracy"]
+    text = CliRunner().invoke(app, ["evaluate", "--checkpoint", ckpt, "--split", "valid"])
+    assert "accuracy" in text.stdout and "examples 12" in text.stdout
+    (tmp_path / "bad.tsv").write_text("sentence\tlabel\na cat\tmaybe\n")
+    (tmp_path / "none.tsv").write_text("sentence\tlabel\na cat\t\n")
+    for args, message in (
+        (["--input", str(tmp_path / "bad.tsv")], "bad.tsv:2"),
+        (["--input", str(tmp_path / "none.tsv")], "none.tsv:2"),
+        (["--split", "test"], "the splits train and valid"),
+        (["--split", "valid", "--beam", "2"], "fine-tuned checkpoint"),
+    ):
+        result = CliRunner().invoke(app, ["evaluate", "--checkpoint", ckpt, *args])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert result.output.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["classification", "tagging"])
+def test_count_params_counts_the_head_exactly(runs, kind):
+    ckpt = runs[kind] / "checkpoints" / "last.pt"
+    result = CliRunner().invoke(app, ["count-params", "--checkpoint", str(ckpt), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    state = torch.load(ckpt, weights_only=True)
+    assert report["total"] == sum(t.numel() for t in state["model"].values()) == report["stored_total"]
+    C = 2 if kind == "classification" else len(state["finetune"]["labels"])
+    assert report["formula_matches"] and report["total"] - report["bert_model"] == 16 * C + C
+    table = CliRunner().invoke(app, ["count-params", "--checkpoint", str(ckpt)]).stdout
+    assert "task head" in table and "H·C + C" in table and "equals the built model" in table
+
+
+def _predict(ckpt: Path, lines: list[str]) -> list[str]:
+    result = CliRunner().invoke(app, ["predict", "--checkpoint", str(ckpt), "--device", "cpu"], input="\n".join(lines))
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()
+
+
+TEXTS = ["the cat sat on a mat", "dog ran to house", "a garden in the house"]
+
+
+def _export(run: Path, tmp_path: Path) -> tuple[Path, Path]:
+    ckpt, folder = run / "checkpoints" / "last.pt", tmp_path / "hf"
+    result = CliRunner().invoke(app, ["export-hf", "--checkpoint", str(ckpt), "--out", str(folder)])
+    assert result.exit_code == 0, result.output
+    return ckpt, folder
+
+
+def _tcli_logits(ckpt: Path, ids: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
+    from transformer_cli.checkpoint import read_checkpoint
+
+    model = read_checkpoint(ckpt).build_model().eval()
+    with torch.no_grad():
+        return model(ids, types)
+
+
+def test_export_hf_classifier_pipeline_gives_tcli_labels_and_logits(runs, tmp_path):
+    ckpt, folder = _export(runs["classification"], tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and config["id2label"] == {
+        "0": "neg",
+        "1": "pos",
+    }
+    pipe = transformers.pipeline("text-classification", model=str(folder), device="cpu")
+    got = pipe(TEXTS)
+    want = [line.split("\t") for line in _predict(ckpt, TEXTS)]
+    assert [g["label"] for g in got] == [w[0] for w in want]
+    assert [g["score"] for g in got] == pytest.approx([float(w[1]) for w in want], abs=1e-4)
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
+    batch = tok(TEXTS[:1], return_tensors="pt")
+    with torch.no_grad():
+        theirs = model(**batch).logits
+    ours = _tcli_logits(ckpt, batch["input_ids"], batch["token_type_ids"])
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+
+
+def test_export_hf_regression_gives_the_score(runs, tmp_path):
+    ckpt, folder = _export(runs["regression"], tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["problem_type"] == "regression" and list(config["id2label"]) == ["0"]
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(str(folder))
+    assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+    pipe = transformers.pipeline("text-classification", model=str(folder), device="cpu")
+    pairs = [{"text": t, "text_pair": t.split()[0]} for t in TEXTS]
+    got = [pipe(p)["score"] for p in pairs]
+    want = [float(line) for line in _predict(ckpt, [f"{t}\t{t.split()[0]}" for t in TEXTS])]
+    assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_export_hf_tagger_pipeline_gives_tcli_tags(runs, tmp_path):
+    ckpt, folder = _export(runs["tagging"], tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["BertForTokenClassification"]
+    pipe = transformers.pipeline("token-classification", model=str(folder), device="cpu", ignore_labels=[])
+    from transformer_cli.checkpoint import read_checkpoint
+
+    tokenizer = read_checkpoint(ckpt).finetune.tokenizer
+    for text in TEXTS:
+        words = text.split()
+        pieces = tokenizer.encode_words(words)
+        assert sum(pieces, []) == tokenizer.encode([text])[0]  # whole-text pieces = word-wise pieces here
+        firsts = [1 + sum(len(p) for p in pieces[:i]) for i in range(len(words))]
+        by_index = {e["index"]: e["entity"] for e in pipe(text)}
+        tcli = [line.split()[1] for line in _predict(ckpt, [text]) if line]
+        assert [by_index[i] for i in firsts] == tcli
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    model = transformers.AutoModelForTokenClassification.from_pretrained(str(folder)).eval()
+    batch = tok(TEXTS[:1], return_tensors="pt")
+    with torch.no_grad():
+        theirs = model(**batch).logits
+    torch.testing.assert_close(
+        theirs, _tcli_logits(ckpt, batch["input_ids"], batch["token_type_ids"]), atol=1e-4, rtol=0
+    )

@@ -1,0 +1,184 @@
+"""tcli glue: two tiny GLUE-layout tasks (MNLI with both dev splits, RTE) from init none, two seeds; the table,
+the score's arithmetic, glue.json/glue.md, re-running resumes nothing that finished; bad arguments write nothing."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from transformer_cli.cli import app
+
+WORDS = {
+    "entailment": "cat sat mat".split(),
+    "contradiction": "dog ran house".split(),
+    "neutral": "bird flew tree".split(),
+    "not_entailment": "dog ran house".split(),
+}
+TINY = [
+    "model.d_model=16",
+    "model.layers=1",
+    "model.heads=2",
+    "model.ffn_dim=32",
+    "model.max_positions=32",
+    "vocab.size=40",
+    "data.max_seq_len=24",
+    "train.batch_size=8",
+    "train.max_epochs=2",
+    "train.lr=0.001",
+    "train.precision=fp32",
+]
+
+
+def _rows(labels: tuple[str, ...], n: int, seed: int) -> list[tuple[str, str, str]]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        label = rng.choice(labels)
+        a = " ".join(rng.choice(WORDS[label]) for _ in range(rng.randint(2, 5)))
+        rows.append((a, "the " + a.split()[0], label))
+    return rows
+
+
+def _write(path: Path, header: str, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + "\n" + "\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def glue_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("glue_data")
+    nli3 = ("contradiction", "entailment", "neutral")
+    for split, n, seed in (("train", 40, 0), ("dev_matched", 12, 1), ("dev_mismatched", 12, 2)):
+        rows = _rows(nli3, n, seed)
+        _write(
+            root / "MNLI" / f"{split}.tsv",
+            "index\tsentence1\tsentence2\tgold_label",
+            [f"{i}\t{a}\t{b}\t{y}" for i, (a, b, y) in enumerate(rows)],
+        )
+    for split, n, seed in (("train", 32, 3), ("dev", 12, 4)):
+        rows = _rows(("entailment", "not_entailment"), n, seed)
+        _write(
+            root / "RTE" / f"{split}.tsv",
+            "index\tsentence1\tsentence2\tlabel",
+            [f"{i}\t{a}\t{b}\t{y}" for i, (a, b, y) in enumerate(rows)],
+        )
+    return root
+
+
+def _glue(*args: str):
+    return CliRunner().invoke(app, ["glue", *args, "--device", "cpu", "--quiet"])
+
+
+def _sets() -> list[str]:
+    return [x for s in TINY for x in ("--set", s)]
+
+
+@pytest.fixture(scope="module")
+def glue_run(tmp_path_factory, glue_dir) -> tuple[Path, list[str], str]:
+    out = tmp_path_factory.mktemp("glue") / "out"
+    args = ["--checkpoint", "none", "--data-dir", str(glue_dir), "--seeds", "2", "--out", str(out), *_sets()]
+    result = _glue(*args)
+    assert result.exit_code == 0, result.output
+    return out, args, result.stdout
+
+
+def _evals(run: Path) -> list[dict]:
+    return [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if e["event"] == "eval"]
+
+
+def test_glue_runs_every_task_and_seed_and_reports_medians(glue_run):
+    out, _, stdout = glue_run
+    summary = json.loads((out / "glue.json").read_text())
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["mnli-seed1", "mnli-seed2", "rte-seed1", "rte-seed2"]
+    assert summary["seeds"] == [1, 2] and set(summary["tasks"]) == {"mnli-m", "mnli-mm", "rte"}
+    # MNLI evaluates both dev splits; best.pt (and the row) is chosen on dev_matched
+    for seed, rows in zip((1, 2), summary["per_seed"]["mnli"]):
+        evals = _evals(out / f"mnli-seed{seed}")
+        assert all("dev_mismatched/accuracy" in e for e in evals)
+        best = max(evals, key=lambda e: e["accuracy"])
+        assert rows == {
+            "mnli-m": {"accuracy": best["accuracy"]},
+            "mnli-mm": {"accuracy": best["dev_mismatched/accuracy"]},
+        }
+    # medians over the seeds, MNLI's two rows averaged into one task, then the mean over tasks
+    tasks = summary["tasks"]
+    for row, per_seed in (("mnli-m", summary["per_seed"]["mnli"]), ("rte", summary["per_seed"]["rte"])):
+        assert tasks[row]["accuracy"] == pytest.approx(statistics.median(r[row]["accuracy"] for r in per_seed))
+    mnli = (tasks["mnli-m"]["accuracy"] + tasks["mnli-mm"]["accuracy"]) / 2
+    assert summary["score"] == pytest.approx((mnli + tasks["rte"]["accuracy"]) / 2)
+    assert f"GLUE score {100 * summary['score']:.1f}" in stdout and "| mnli |" in stdout and "| rte |" in stdout
+    assert (out / "glue.md").read_text().startswith("| task | metrics | score |")
+    # the recipe: RTE trains 10 epochs by default; --set overrode it for every task
+    config = (out / "rte-seed1" / "config.yaml").read_text()
+    assert "max_epochs: 2" in config and "warmup_ratio: 0.1" in config and "glue: RTE" in config
+
+
+def test_running_glue_again_skips_finished_runs(glue_run):
+    out, args, stdout = glue_run
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("metrics.jsonl")}
+    result = _glue(*args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == stdout
+    assert before == {p: p.stat().st_mtime_ns for p in out.rglob("metrics.jsonl")}
+
+
+def test_glue_arithmetic():
+    from transformer_cli.glue import medians
+    from transformer_cli.task_metrics import glue_score, glue_table
+
+    per_seed = [
+        {"mrpc": {"f1": 0.9, "accuracy": 0.8}, "wnli": {"accuracy": 0.5}},
+        {"mrpc": {"f1": 0.7, "accuracy": 0.9}, "wnli": {"accuracy": 0.4}},
+        {"mrpc": {"f1": 0.8, "accuracy": 0.6}, "wnli": {"accuracy": 0.6}},
+    ]
+    per_task = medians(per_seed) | {"mnli-m": {"accuracy": 0.8}, "mnli-mm": {"accuracy": 0.7}}
+    assert per_task["mrpc"] == {"f1": 0.8, "accuracy": 0.8} and per_task["wnli"] == {"accuracy": 0.5}
+    # mnli (0.8 + 0.7) / 2, mrpc (0.8 + 0.8) / 2, wnli 0.5 (counted like any task)
+    assert glue_score(per_task) == pytest.approx((0.75 + 0.8 + 0.5) / 3)
+    table = glue_table(per_task)
+    assert "| mnli | accuracy (m) 80.0 / accuracy (mm) 70.0 | 75.0 |" in table
+    assert "| **GLUE score** (3 of 9 tasks) | | **68.3** |" in table
+
+
+def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, glue_dir):
+    out = tmp_path / "out"
+    for args, message in (
+        (["--checkpoint", "none", "--data-dir", str(glue_dir), "--tasks", "rte,foo"], "unknown GLUE task 'foo'"),
+        (["--checkpoint", "none", "--data-dir", str(glue_dir), "--tasks", "sst2"], "SST-2/train.tsv not found"),
+        (["--checkpoint", str(tmp_path / "nope.pt"), "--data-dir", str(glue_dir)], "nope.pt not found"),
+        (["--checkpoint", "none", "--data-dir", str(tmp_path)], "no GLUE task folder"),
+        (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "train.lrr=1"], "train.lrr"),
+    ):
+        result = _glue(*args, "--out", str(out))
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert result.output.count("\n") == 1 and not out.exists()
+    # a run refused inside finetune (a model too small for max_seq_len) leaves no --out behind either
+    result = _glue(
+        "--checkpoint",
+        "none",
+        "--data-dir",
+        str(glue_dir),
+        "--out",
+        str(out),
+        *_sets(),
+        "--set",
+        "model.max_positions=16",
+    )
+    assert result.exit_code == 2 and "max_seq_len" in result.output and not out.exists()
+
+
+def test_readme_recipe_table_is_the_code():
+    from transformer_cli.datasets.labeled import GLUE_TASKS
+    from transformer_cli.glue import EPOCHS
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    header = next(line for line in readme.splitlines() if line.strip().startswith("| task | CoLA |"))
+    epochs = next(line for line in readme.splitlines() if line.strip().startswith("| epochs |"))
+    folders = [c.strip() for c in header.split("|")[2:-1]]
+    assert folders == [t.folder for t in GLUE_TASKS.values()]
+    assert [int(c) for c in epochs.split("|")[2:-1]] == list(EPOCHS.values())

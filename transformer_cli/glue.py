@@ -1,0 +1,167 @@
+"""`tcli glue`: fine-tune one starting model on every GLUE task of a `glue_data/` folder, one resumable run
+directory per task and seed, then the table and the GLUE score.
+
+Orchestration only: each run is `tcli finetune` with the task's recipe (`RECIPES`, the README's table), the
+user's `--set` overrides on top. A task's numbers are the dev metrics of its best.pt (MNLI: selected on
+dev_matched, both splits reported); with `--seeds N`, each metric is the median over the N runs. Running the
+same command again resumes unfinished runs and skips finished ones.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformer_cli import task_metrics
+from transformer_cli.config import FinetuneRunConfig, load_config
+from transformer_cli.console import say
+from transformer_cli.datasets.labeled import GLUE_TASKS, glue_tasks_in
+from transformer_cli.errors import UserError
+from transformer_cli.files import write_atomic
+
+# What every GLUE run starts from (the FinetuneTrainConfig defaults: batch 32, lr 2e-5, warmup 10% then linear
+# decay, weight decay 0.01, max length 128), and the epochs per task: the small tasks, whose dev scores swing
+# with the seed and the few updates an epoch gives, train longer (as ELECTRA's and RoBERTa's recipes do).
+EPOCHS = {"cola": 5, "sst2": 3, "mrpc": 5, "stsb": 10, "qqp": 3, "mnli": 3, "qnli": 3, "rte": 10, "wnli": 5}
+COMMON = ("train.batch_size=32", "train.lr=2e-5", "train.warmup_ratio=0.1", "train.weight_decay=0.01")
+COMMON += ("data.max_seq_len=128",)
+
+
+def recipe(task: str) -> list[str]:
+    """The `--set` overrides of one GLUE task's run (before the user's own)."""
+    g = GLUE_TASKS[task]
+    return [f"task.glue={g.folder}", f"task.kind={g.kind}", *COMMON, f"train.max_epochs={EPOCHS[task]}"]
+
+
+@dataclass
+class GlueRun:
+    task: str
+    seed: int
+    cfg: FinetuneRunConfig
+    out: Path
+
+
+def parse_tasks(tasks: str | None, data_dir: Path) -> list[str]:
+    """`--tasks cola,SST-2,...` (GLUE's names or keys) in GLUE order, or every task found in `data_dir`."""
+    found = glue_tasks_in(data_dir)
+    if tasks is None:
+        if not found:
+            folders = ", ".join(t.folder for t in GLUE_TASKS.values())
+            raise UserError(f"--data-dir {data_dir}: no GLUE task folder with a train.tsv ({folders}); check the path")
+        return found
+    wanted = []
+    for name in (n.strip() for n in tasks.split(",") if n.strip()):
+        key = name.lower().replace("-", "").replace("_", "")
+        if key not in GLUE_TASKS:
+            raise UserError(f"--tasks: unknown GLUE task {name!r}; the tasks are {', '.join(GLUE_TASKS)}")
+        if key not in found:
+            raise UserError(f"--tasks {name}: {data_dir / GLUE_TASKS[key].folder / 'train.tsv'} not found")
+        wanted.append(key)
+    if not wanted:
+        raise UserError("--tasks is empty; name GLUE tasks, e.g. --tasks rte,mrpc (or leave it out for every task)")
+    return [t for t in GLUE_TASKS if t in wanted]
+
+
+def plan(
+    checkpoint: str, data_dir: Path, tasks: list[str], seeds: int, out: Path, overrides: list[str]
+) -> list[GlueRun]:
+    """Every run's config, checked before any runs (a bad --set or checkpoint stops here)."""
+    if checkpoint.lower() != "none" and not Path(checkpoint).exists():
+        raise UserError(
+            f"--checkpoint {checkpoint} not found (a tcli BERT checkpoint, a Hugging Face BERT folder, or none)"
+        )
+    runs = []
+    for task in tasks:
+        sets = [*recipe(task), f"data.dir={data_dir}", f"model.init={checkpoint}", *overrides]
+        first = load_config(FinetuneRunConfig, None, sets).train.seed
+        for i in range(seeds):
+            cfg = load_config(FinetuneRunConfig, None, [*sets, f"train.seed={first + i}"])
+            runs.append(GlueRun(task, first + i, cfg, out / f"{task}-seed{first + i}"))
+    return runs
+
+
+def best_eval(run_dir: Path) -> dict[str, Any]:
+    """The eval event of a finished run's best.pt: the first with the best score (as the trainer chose it)."""
+    events = []
+    for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    evals = [e for e in events if e.get("event") == "eval"]
+    if not evals:
+        raise UserError(f"{run_dir}/metrics.jsonl holds no evaluation; remove {run_dir} and run tcli glue again")
+    top = max(e["score"] for e in evals)
+    return next(e for e in evals if e["score"] == top)
+
+
+def rows_of(task: str, event: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """{glue_row: {metric: value}} of one run's best evaluation: the first dev split from the plain keys, the
+    others from "<split>/<metric>" keys."""
+    g = GLUE_TASKS[task]
+    out = {}
+    for i, split in enumerate(g.dev_splits):
+        prefix = "" if i == 0 else f"{split}/"
+        out[task_metrics.glue_row(task, split)] = {m: float(event[prefix + m]) for m in g.metrics}
+    return out
+
+
+def medians(per_seed: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each row's each metric: the median over the seeds' runs."""
+    return {
+        row: {m: float(statistics.median(run[row][m] for run in per_seed)) for m in per_seed[0][row]}
+        for row in per_seed[0]
+    }
+
+
+def run_glue(
+    checkpoint: str,
+    data_dir: Path,
+    tasks: str | None = None,
+    seeds: int = 1,
+    out: Path = Path("runs/glue"),
+    overrides: list[str] | None = None,
+    device: str = "auto",
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Fine-tune on each task (and seed), then write glue.json and glue.md into `out`; returns glue.json's data."""
+    from transformer_cli.tasks.finetune_setup import finetune
+
+    if seeds < 1:
+        raise UserError(f"--seeds {seeds}: give 1 or more runs per task")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory")
+    runs = plan(checkpoint, Path(data_dir), parse_tasks(tasks, Path(data_dir)), seeds, Path(out), overrides or [])
+    created = not out.exists()
+    results: dict[str, list[dict[str, dict[str, float]]]] = {}
+    try:
+        for i, run in enumerate(runs, 1):
+            say(quiet, f"glue: {run.task} seed {run.seed} ({i}/{len(runs)}) -> {run.out}")
+            finetune(run.cfg, run.out, device=device, resume=True, quiet=quiet)
+            results.setdefault(run.task, []).append(rows_of(run.task, best_eval(run.out)))
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # the first run was refused: leave nothing behind
+        raise
+    per_task: dict[str, dict[str, float]] = {}
+    for per_seed in results.values():
+        per_task.update(medians(per_seed))
+    table = task_metrics.glue_table(per_task)
+    score = task_metrics.glue_score(per_task)
+    summary = {
+        "checkpoint": checkpoint,
+        "data_dir": str(data_dir),
+        "seeds": sorted({r.seed for r in runs}),
+        "overrides": overrides or [],
+        "score": score,
+        "tasks": per_task,
+        "per_seed": {task: per_seed for task, per_seed in results.items()},
+        "runs": [str(r.out) for r in runs],
+    }
+    write_atomic((json.dumps(summary, indent=1) + "\n").encode(), out / "glue.json")
+    what = f"median of {seeds} runs per task" if seeds > 1 else "one run per task"
+    write_atomic(f"{table}\nDev sets; best.pt of each run; {what}.\n".encode(), out / "glue.md")
+    return summary | {"table": table}
