@@ -9,13 +9,13 @@ train events after the last known point are left out of the wall-time column.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from transformer_cli.errors import UserError
+from transformer_cli.train.metrics import read_metrics
 
 # (row title, [(event, key, label)]): the first series of a row that the log has decides its presence.
 ROWS: list[tuple[str, list[tuple[str, str, str]]]] = [
@@ -44,14 +44,11 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
         raise UserError(f"{run_dir} is not a run directory (no such folder)")
     if not path.is_file():
         raise UserError(f"{path} not found: is {run_dir} a run directory of tcli train / pretrain-bert?")
-    events = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict) and event.get("event") in ("train", "eval", "end") and "step" in event:
-            events.append(event)
+    events = [
+        e
+        for e in read_metrics(run_dir, skip_damaged=True)
+        if e.get("event") in ("train", "eval", "end") and "step" in e
+    ]
     if not any(e["event"] in ("train", "eval") for e in events):
         raise UserError(f"{path} holds no train or eval events yet; nothing to plot")
     return events

@@ -8,6 +8,29 @@ from pathlib import Path
 from typing import Any
 
 
+def read_metrics(run_dir: Path, event: str | None = None, skip_damaged: bool = False) -> list[dict[str, Any]]:
+    """The events of `<run_dir>/metrics.jsonl` in order, or only those named `event`: the one reader of the log
+    for the library, the scripts and the tests.
+
+    A line that is not a JSON object (one cut short by a kill) raises ValueError naming it, or is skipped with
+    `skip_damaged` (a reader of a run that may be running or killed, such as tcli plot).
+    """
+    path = run_dir / "metrics.jsonl"
+    events = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            if skip_damaged:
+                continue
+            raise ValueError(f"{path} line {number} is not a JSON object: {line[:80]!r}")
+        if event is None or record.get("event") == event:
+            events.append(record)
+    return events
+
+
 class MetricsLog:
     """Appends events to `<run>/metrics.jsonl` and mirrors their numbers to TensorBoard under `<run>/tb`.
 
