@@ -422,14 +422,14 @@ DATA_BERT_SIZE = [
     "data.max_seq_len=128",
     "train.batch_size=8",
 ]
-BARE_SPM = """import sys, sentencepiece as spm
+BARE_SPM = """import os, sys, sentencepiece as spm
 sp = spm.SentencePieceProcessor(model_file=sys.argv[1])
 n = 0
 for path in sys.argv[2:]:
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
     for i in range(0, len(lines), 100_000):  # blocks keep the id lists' memory bounded; the speed is the same
-        n += len(sp.encode(lines[i : i + 100_000], num_threads=2))
+        n += len(sp.encode(lines[i : i + 100_000], num_threads=len(os.sched_getaffinity(0))))  # as tcli's
 print(n)
 """
 
