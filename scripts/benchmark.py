@@ -36,6 +36,11 @@ from pathlib import Path
 
 import torch
 
+from transformer_cli.metrics_file import read_metrics
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # as when run as a script: its peers import by name
+from gpu_measure import bert_train_flops, mfu, translation_train_flops  # noqa: E402  (one FLOPs/MFU definition)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 PEERS = SHARED / "peers"
@@ -86,8 +91,7 @@ def peer(script: str, *args: str) -> dict:
 
 
 def events(run_dir: Path, kind: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["event"] == kind]
+    return read_metrics(run_dir, kind)
 
 
 def steady(run_dir: Path, key: str) -> float:
@@ -109,25 +113,16 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
 
 
 def train_flops_per_token(kind: str) -> float:
-    """FLOPs of one fwd+bwd step counted by torch's FlopCounterMode on a benchmark-shaped batch, per token."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from transformer_cli.models.bert import Bert
-    from transformer_cli.models.transformer import Transformer
-
+    """Model FLOPs of one fwd+bwd step per token at the benchmark's sizes (NMT_SIZE, BERT_SIZE): the formulas of
+    scripts/gpu_measure.py, the one definition the GPU check uses too, on a batch of the benchmark's shape
+    (translation: 16 source and 17 target tokens a sentence; BERT: 128 tokens, 19 masked, as with 15%)."""
+    d, ffn, vocab = 256, 1024, 8000
     if kind == "nmt":
-        model = Transformer(8000, 8000, 256, 4, 1024, 3, 3)
-        src, tgt = torch.randint(5, 8000, (128, 16)), torch.randint(5, 8000, (128, 17))
-        with FlopCounterMode(display=False) as counter:
-            model(src, tgt, labels=tgt, label_smoothing=0.1).loss.backward()
-        return counter.get_total_flops() / tgt.numel()
-    model = Bert(8000, 256, 4, 4, 1024)
-    ids = torch.randint(5, 8000, (32, 128))
-    labels = torch.full_like(ids, -100)
-    labels[:, ::7] = ids[:, ::7]  # 19 of 128 positions, as with 15% masking
-    with FlopCounterMode(display=False) as counter:
-        model(ids, torch.zeros_like(ids), labels, torch.zeros(32, dtype=torch.long)).mlm_loss.backward()
-    return counter.get_total_flops() / ids.numel()
+        src_len, tgt_len = 16, 17
+        flops = translation_train_flops(d, ffn, 3, 3, vocab, src_len, tgt_len, src_len, tgt_len)
+        return flops["total"] / tgt_len
+    seq_len, masked = 128, 19
+    return bert_train_flops(d, ffn, 4, vocab, seq_len, seq_len, masked, 1)["total"] / seq_len
 
 
 def nmt_train_args(steps: int, log_every: int = 25, eval_every: int = 100000) -> list[str]:
@@ -321,8 +316,8 @@ def describe(m: dict) -> str:
 
 def utilisation(r: dict, kind: str) -> tuple[float, float]:
     """(achieved GFLOP/s, fraction of the matmul peak in the precision this machine trains in)."""
-    achieved = r[f"{kind}_flops_per_token"] * r[kind]["ours"] / 1e9
-    return achieved, achieved / r[f"peak_{r['machine']['precision']}"]
+    flops_per_s = r[f"{kind}_flops_per_token"] * r[kind]["ours"]
+    return flops_per_s / 1e9, mfu(flops_per_s, 1.0, r[f"peak_{r['machine']['precision']}"] / 1e3)
 
 
 def kernel_shapes_line(r: dict) -> str:
@@ -440,14 +435,14 @@ DATA_BERT_SIZE = [
     "data.max_seq_len=128",
     "train.batch_size=8",
 ]
-BARE_SPM = """import sys, sentencepiece as spm
+BARE_SPM = """import os, sys, sentencepiece as spm
 sp = spm.SentencePieceProcessor(model_file=sys.argv[1])
 n = 0
 for path in sys.argv[2:]:
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
     for i in range(0, len(lines), 100_000):  # blocks keep the id lists' memory bounded; the speed is the same
-        n += len(sp.encode(lines[i : i + 100_000], num_threads=2))
+        n += len(sp.encode(lines[i : i + 100_000], num_threads=len(os.sched_getaffinity(0))))  # as tcli's
 print(n)
 """
 
@@ -1111,7 +1106,7 @@ def main() -> None:
     print(f"machine: {result['machine']['key']}; precision auto = {dtype} (the peers run in {dtype})", file=sys.stderr)
     speed = only & {"nmt", "bert", "decode", "memory", "shapes", "ddp"}
     if speed:  # the speed table's reference; bf16 only where the CPU multiplies it natively (elsewhere one
-        # emulated 2048² bf16 matmul takes minutes: 150 s on a 2-core AVX2 EPYC)
+        # emulated 2048² bf16 matmul takes minutes)
         result |= {
             "peak_fp32": matmul_peak(torch.float32),
             "peak_bf16": matmul_peak(torch.bfloat16) if dtype == "bf16" else None,

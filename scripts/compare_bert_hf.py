@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from transformer_cli.metrics_file import read_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["train.schedule=inverse_sqrt", "train.max_steps=1000000", "train.eval_every=500", "train.log_every=100"]
 
@@ -46,7 +48,7 @@ def run_ours(config: Path, data_dir: Path, minutes: float, out: Path) -> list[di
     for pair in COMMON:
         cmd += ["--set", pair]
     subprocess.run(cmd, cwd=ROOT, check=True)
-    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    events = read_metrics(out)
     return [e for e in events if e["event"] == "eval"]
 
 
@@ -114,15 +116,17 @@ def run_hf(config: Path, data_dir: Path, minutes: float, out: Path, vocab_path: 
 @torch.inference_mode()
 def evaluate_hf(model, task, autocast) -> dict:
     """BertTask.evaluate's numbers (same held-out batches and masks) from the HF model's logits."""
-    from transformer_cli.datasets.bert import IGNORE, length_batches, make_batch
+    from transformer_cli.validation import held_out_batches
+
+    from transformer_cli.datasets.bert import IGNORE
 
     model.eval()
     cfg = task.cfg
     sums = {"loss": 0.0, "mlm_ok": 0, "mlm": 0, "nsp_ok": 0, "nsp": 0}
-    rng = random.Random(cfg.train.seed + 104729)
-    for number, idx in enumerate(length_batches([len(x) for x in task.valid], cfg.train.batch_size, rng)):
-        gen = torch.Generator().manual_seed(task._seed(3, number))
-        b = make_batch([task.valid[i] for i in idx], task.ids, cfg.data.mask_prob, cfg.data.max_predictions, gen)
+    d = cfg.data
+    for b in held_out_batches(
+        task.valid, task.ids, cfg.train.seed, cfg.train.batch_size, d.mask_prob, d.max_predictions
+    ):
         with autocast:
             out = model(input_ids=b.input_ids, token_type_ids=b.segment_ids, attention_mask=b.input_ids.ne(0).long())
         keep = b.mlm_labels.ne(IGNORE)

@@ -160,17 +160,18 @@ def progress_counts(output: str) -> dict[str, Any]:
 
 def xdist_workers(cpus: int | None) -> int:
     """pytest-xdist workers for the suite where xdist is installed (the H200 image lent here lists it), else
-    0: one per two cores, at most 8, so that a machine of 16 cores can run the suite (about 20 minutes on 2
-    cores) within the tests section's few minutes (not yet measured on a GPU machine)."""
+    0: one per two cores, at most 8, so that a machine of 16 cores can run the suite within the tests section's
+    few minutes (not yet measured on a GPU machine)."""
     if importlib.util.find_spec("xdist") is None or not cpus or cpus < 4:
         return 0
     return min(8, cpus // 2)
 
 
 def pytest_command(workers: int = 0) -> list[str]:
-    """The suite's command: -v with the project's `addopts = -q` cleared (-q and -v would cancel out and
-    print no per-test lines to count after a timeout), parallel with `workers` > 0."""
-    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-v", "-p", "no:cacheprovider"]
+    """The suite's command: the README's quick set (`-m "not slow"`, as the project's addopts say), with -v and
+    those addopts cleared (-q and -v would cancel out and print no per-test lines to count after a timeout),
+    parallel with `workers` > 0."""
+    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-v", "-m", "not slow", "-p", "no:cacheprovider"]
     return cmd + (["-n", str(workers)] if workers else [])
 
 
@@ -179,9 +180,7 @@ def run_tests(limit_s: float) -> dict[str, Any]:
     minutes should name every test that fails there, not only the first."""
     workers = xdist_workers(os.cpu_count())
     cmd = pytest_command(workers)
-    env = {**os.environ, NESTED_ENV: "1"}
-    if workers:  # the tcli processes the tests start: two threads each, so that the workers share the cores
-        env.setdefault("OMP_NUM_THREADS", "2")
+    env = {**os.environ, NESTED_ENV: "1"}  # the suite's conftest runs each test process on one thread
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env

@@ -209,11 +209,12 @@ def _timed_steps(
 
 
 def _optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float) -> None:
-    """What `Trainer.train_step` does after backward (fp32 master weights, no grad scaler in bf16)."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm > 0 else float("inf"))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    """What `Trainer.train_step` does after backward (fp32 master weights, no grad scaler in bf16): tcli's own
+    `optimizer_step`."""
+    from transformer_cli.train.optim import optimizer_step
+
+    device = next(model.parameters()).device.type
+    optimizer_step(optimizer, torch.amp.GradScaler(device, enabled=False), clip_norm)
 
 
 def _fit_batch(

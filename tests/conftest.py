@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
+import traceback
+import warnings
 from pathlib import Path
 
 import pytest
+
+# One intra-op thread for the whole suite, this process and the tcli processes it starts (they inherit it), unless
+# OMP_NUM_THREADS is set: the tests' models are tiny (d_model 16-32), where a second thread costs more in
+# synchronisation than it saves, and on a busy machine a waiting OpenMP thread spins while its peer is descheduled.
+# One setting for both also keeps the runs a test compares bitwise on the same thread count (the sums of a matmul
+# depend on it). Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -18,15 +28,90 @@ TOY = ROOT / "data" / "toy"
 needs_multi30k = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"no Multi30k at {MULTI30K} (../shared absent)")
 needs_wikitext = pytest.mark.skipif(not WIKITEXT.is_dir(), reason=f"no WikiText-2 at {WIKITEXT} (../shared absent)")
 
+# The precision of the trained fixtures' runs: fp32 by default; TCLI_TEST_PRECISION=bf16 (or pytest
+# --precision bf16) trains them in bf16, so that the tests of inference, attention, translation and BERT on them
+# also run where bf16 is what a machine uses (.ci/run does this once; without native bf16 it is emulated, slowly).
+PRECISIONS = ("fp32", "bf16")
+TEST_PRECISION = os.environ.get("TCLI_TEST_PRECISION", "fp32")
+if TEST_PRECISION not in PRECISIONS:
+    raise pytest.UsageError(f"TCLI_TEST_PRECISION={TEST_PRECISION!r}: expected one of {', '.join(PRECISIONS)}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="train the tests' fixture runs in this precision (default: $TCLI_TEST_PRECISION or fp32)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global TEST_PRECISION
+    chosen = config.getoption("--precision")
+    if chosen is not None:  # before the test modules format their configs with it
+        TEST_PRECISION = chosen
+        os.environ["TCLI_TEST_PRECISION"] = chosen
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"tcli fixture runs trained in {TEST_PRECISION}"
+
+
 # Bitwise equality of two trainings (exact resume, the same batches either way) is promised on CPU; the tests of it
 # pin the CPU so that they keep testing that promise where CUDA is visible (scripts/gpu_check.sh).
 ON_CPU = ("--device", "cpu")
 
 
-def run_tcli(
+def run_tcli(*args: str, cwd: Path | None = None, input: str | None = None) -> subprocess.CompletedProcess:
+    """`tcli ARGS` in this process, through the same `main()` a user's command runs: exit code, stdout, stderr.
+
+    For tests of messages, exit codes and files; a subprocess per command would pay the interpreter's and
+    torch's start-up each time. Where the process itself is the subject (signals, kills, locks held by
+    another process, what gets imported, torchrun, streaming through pipes) use `run_tcli_process`.
+    Warnings reach stderr as they would in a fresh interpreter; an exception that escapes `main()` (a bug)
+    is exit code 1 with its traceback on stderr, as Python would print it.
+    """
+    from transformer_cli.cli import main
+
+    stdin = io.TextIOWrapper(io.BytesIO((input or "").encode()), encoding="utf-8")
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    stderr = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    saved = sys.argv, sys.stdin, sys.stdout, sys.stderr, os.getcwd()
+    code = 0
+    with warnings.catch_warnings():
+        warnings.resetwarnings()  # Python's defaults, not pytest's capture
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", category)
+        try:
+            os.chdir(cwd or ROOT)
+            sys.argv, sys.stdin, sys.stdout, sys.stderr = ["tcli", *args], stdin, stdout, stderr
+            main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=stderr)
+        except BaseException:  # noqa: B036 - what the interpreter does with an uncaught exception
+            traceback.print_exc(file=stderr)
+            code = 1
+        finally:
+            sys.argv, sys.stdin, sys.stdout, sys.stderr = saved[:4]
+            os.chdir(saved[4])
+    out, err = (stream.buffer.getvalue().decode("utf-8", "replace") for stream in (stdout, stderr))
+    return subprocess.CompletedProcess(["tcli", *args], code, out, err)
+
+
+def tcli(*args: str) -> tuple[int, str]:
+    """`run_tcli` for a test that looks at the exit code and stderr only."""
+    result = run_tcli(*args)
+    return result.returncode, result.stderr
+
+
+def run_tcli_process(
     *args: str, cwd: Path | None = None, input: str | None = None, timeout: float = 300, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """`python -m transformer_cli ARGS` in a subprocess (the way a user runs it)."""
+    """`python -m transformer_cli ARGS` in a subprocess (the way a user runs it), for tests whose subject is the
+    process: its signals, its exit by a kill, its imports, a lock it holds."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "transformer_cli", *args],
@@ -37,6 +122,18 @@ def run_tcli(
         timeout=timeout,
         env=full_env,
     )
+
+
+def run_tcli_without_torch(*args: str) -> subprocess.CompletedProcess:
+    """`tcli ARGS` in a fresh interpreter that reports on its last stderr line whether torch was imported
+    (`torch imported: False`): the start-up cost a command pays is the subject."""
+    code = (
+        "import sys\nfrom transformer_cli.cli import main\n"
+        f"sys.argv = {['tcli', *args]!r}\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\nelse:\n    code = 0\n"
+        "print(f\"torch imported: {'torch' in sys.modules}\", file=sys.stderr)\nsys.exit(code)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 KILLER = """

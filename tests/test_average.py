@@ -10,21 +10,11 @@ import torch
 from transformer_cli.checkpoint import read_checkpoint, serialize
 from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config
 from transformer_cli.files import write_atomic
+from transformer_cli.metrics_file import read_metrics
 from transformer_cli.models.builders import build_bert, build_transformer
 from transformer_cli.vocab import train_vocab
 
-from .conftest import TOY, run_tcli, toy_subset
-
-
-def tcli(*args: str) -> tuple[int, str]:
-    """The command in this process (a subprocess per case would cost seconds of imports): exit code, stderr."""
-    from typer.testing import CliRunner
-
-    from transformer_cli.cli import app
-
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.stderr
-
+from .conftest import TOY, run_tcli, tcli, toy_subset
 
 MODEL = {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1, "max_positions": 64}
 
@@ -159,7 +149,6 @@ def test_bad_arguments_exit_2(tmp_path, vocab, args, message):
 
 
 def test_train_average_last_writes_and_scores_the_mean_of_the_last_step_checkpoints(tmp_path):
-    import json
 
     data = toy_subset(tmp_path / "data", train=200, valid=10)
     config = tmp_path / "avg.yaml"
@@ -179,7 +168,7 @@ def test_train_average_last_writes_and_scores_the_mean_of_the_last_step_checkpoi
     for name, tensor in averaged.items():
         mean = sum(p[name] for p in parts) / 3
         assert torch.allclose(tensor, mean, atol=1e-6), name
-    log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    log = read_metrics(run)
     assert [e["checkpoint"] for e in log if e["event"] == "test"] == ["best.pt", "averaged.pt"]
     assert [e["checkpoints"] for e in log if e["event"] == "averaged"] == [["step_2.pt", "step_4.pt", "step_6.pt"]]
     refused = run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r2"), "--set", "train.keep_last=2")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 from pathlib import Path
@@ -10,13 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import ON_CPU, run_killed, run_tcli
+from transformer_cli.metrics_file import read_metrics
+
+from .conftest import ON_CPU, TEST_PRECISION, run_killed, run_tcli
 
 CONFIG = """
 data: {{dir: {data}, train: train.txt, valid: valid.txt, max_seq_len: 32, max_predictions: 5}}
 vocab: {{size: 150}}
 model: {{d_model: 32, layers: 2, heads: 4, ffn_dim: 64, max_positions: 64}}
-train: {{batch_size: 8, max_steps: {steps}, accum_steps: 2, lr: 0.002, warmup_steps: 3, precision: fp32,
+train: {{batch_size: 8, max_steps: {steps}, accum_steps: 2, lr: 0.002, warmup_steps: 3, precision: {precision},
         eval_every: 6, save_every: 2, log_every: 2, seed: 5}}
 """
 
@@ -49,12 +50,12 @@ def corpus(tmp_path_factory) -> Path:
 
 def config(tmp_path: Path, data: Path, steps: int = 16) -> Path:
     path = tmp_path / "bert.yaml"
-    path.write_text(CONFIG.format(data=data, steps=steps))
+    path.write_text(CONFIG.format(data=data, steps=steps, precision=TEST_PRECISION))
     return path
 
 
 def events(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(run)
 
 
 def test_pretrain_metrics_and_resume_after_sigkill(tmp_path, corpus):

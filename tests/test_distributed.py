@@ -3,7 +3,6 @@ world sizes; a dead rank ends the job."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from transformer_cli.metrics_file import read_metrics
 
 from .conftest import ROOT, TOY, run_tcli
 from .test_bert_train import write_corpus
@@ -79,7 +80,10 @@ def assert_close(a: dict, b: dict) -> None:
         assert (a[key] - b[key]).abs().max().item() < 1e-5, key
 
 
-@pytest.mark.parametrize("command, template", [("train", TRANSLATION), ("pretrain-bert", BERT)])
+@pytest.mark.parametrize(
+    "command, template",
+    [("train", TRANSLATION), pytest.param("pretrain-bert", BERT, marks=pytest.mark.slow)],  # BERT: in CI
+)
 def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, data, command, template):
     config = tmp_path / "c.yaml"
     config.write_text(template.format(data=data, steps=6))
@@ -88,8 +92,8 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, data, comm
     double = torchrun(2, command, "--config", str(config), "--out", str(tmp_path / "two"), "--quiet")
     assert double.returncode == 0, double.stderr[-3000:]
     assert_close(weights(tmp_path / "one"), weights(tmp_path / "two"))
-    log = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
-    one = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    log = read_metrics(tmp_path / "two")
+    one = read_metrics(tmp_path / "one")
     assert [e["step"] for e in log if e["event"] == "train"] == [2, 4, 6]  # written once, by rank 0
     for a, b in zip([e for e in one if e["event"] == "eval"], [e for e in log if e["event"] == "eval"]):
         key = "valid_loss" if command == "train" else "mlm_loss"
@@ -97,27 +101,25 @@ def test_two_processes_equal_one_with_the_same_global_batch(tmp_path, data, comm
     assert not any(k.startswith("module.") for k in weights(tmp_path / "two"))
 
 
-def test_resume_across_world_sizes(tmp_path, data):
+@pytest.mark.parametrize("n", [1, pytest.param(4, marks=pytest.mark.slow)])  # 2 -> 4 processes: in CI
+def test_resume_across_world_sizes(tmp_path, data, n):
     config = tmp_path / "c.yaml"
     config.write_text(TRANSLATION.format(data=data, steps=8))
     straight = run_tcli(
         "train", "--config", str(config), "--out", str(tmp_path / "straight"), "--quiet", "--device", "cpu"
     )
     assert straight.returncode == 0, straight.stderr
-    for n, name in ((1, "to1"), (4, "to4")):
-        run = tmp_path / name
-        first = torchrun(
-            2, "train", "--config", str(config), "--out", str(run), "--set", "train.max_steps=4", "--quiet"
+    run = tmp_path / f"to{n}"
+    first = torchrun(2, "train", "--config", str(config), "--out", str(run), "--set", "train.max_steps=4", "--quiet")
+    assert first.returncode == 0, first.stderr[-3000:]
+    if n == 1:
+        second = run_tcli(
+            "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet", "--device", "cpu"
         )
-        assert first.returncode == 0, first.stderr[-3000:]
-        if n == 1:
-            second = run_tcli(
-                "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet", "--device", "cpu"
-            )
-        else:
-            second = torchrun(n, "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet")
-        assert second.returncode == 0, second.stderr[-3000:]
-        assert_close(weights(tmp_path / "straight"), weights(run))
+    else:
+        second = torchrun(n, "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert_close(weights(tmp_path / "straight"), weights(run))
 
 
 def test_a_dead_rank_ends_the_job(tmp_path, data):

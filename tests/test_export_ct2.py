@@ -11,7 +11,7 @@ import torch
 
 from transformer_cli.checkpoint import read_checkpoint
 
-from .conftest import TOY
+from .conftest import TOY, tcli
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 cannot be imported (pip install -e .[ct2])")
 
@@ -21,16 +21,6 @@ VARIANTS = {  # each axis is covered both ways
     "pre-joint-shared-untied": dict(norm="pre", joint=True, tied=False),
 }
 PAIRS = 32  # sentence pairs the small model learns; the equality tests run on them and on unseen ones
-
-
-def tcli(*args: str) -> tuple[int, str]:
-    """The command in this process (a subprocess per case would cost seconds of imports): exit code, stderr."""
-    from typer.testing import CliRunner
-
-    from transformer_cli.cli import app
-
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.stderr
 
 
 def toy(split: str, lang: str, n: int) -> list[str]:

@@ -14,20 +14,10 @@ from transformer_cli.files import write_atomic
 from transformer_cli.models.builders import build_bert
 from transformer_cli.vocab import Vocab
 
-from .conftest import WIKITEXT, needs_wikitext
+from .conftest import WIKITEXT, needs_wikitext, tcli
 
 transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install -e .[dev])")
 MODEL = {"d_model": 32, "layers": 2, "heads": 4, "ffn_dim": 64, "max_positions": 128}
-
-
-def tcli(*args: str) -> tuple[int, str]:
-    """The command in this process (a subprocess per case would cost seconds of imports): exit code, stderr."""
-    from typer.testing import CliRunner
-
-    from transformer_cli.cli import app
-
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.stderr
 
 
 def wikitext_lines() -> list[str]:

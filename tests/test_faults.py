@@ -3,7 +3,6 @@ the final test evaluation); every resumed run must end bitwise equal to an unint
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 from pathlib import Path
@@ -11,14 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import ON_CPU, run_killed, run_tcli, toy_subset
+from transformer_cli.metrics_file import read_metrics
+
+from .conftest import ON_CPU, TEST_PRECISION, run_killed, run_tcli, toy_subset
 
 STEPS = 16
 CONFIG = """
 data: {{dir: {data}, src_lang: src, tgt_lang: tgt, train: train, valid: val, test: test, max_len: 60}}
 vocab: {{size: 120}}
 model: {{d_model: 32, heads: 4, ffn_dim: 64, enc_layers: 2, dec_layers: 2, dropout: 0.1}}
-train: {{max_steps: {steps}, max_tokens: 400, accum_steps: 2, lr: 0.003, warmup_steps: 5, precision: fp32,
+train: {{max_steps: {steps}, max_tokens: 400, accum_steps: 2, lr: 0.003, warmup_steps: 5, precision: {precision},
         eval_every: 6, save_every: 2, log_every: 2, seed: 3, keep_last: 2}}
 eval: {{beam: 2, max_len_b: 5}}
 """
@@ -28,9 +29,9 @@ eval: {{beam: 2, max_len_b: 5}}
 def setup(tmp_path_factory) -> tuple[Path, Path]:
     """Small toy data, the config, and one uninterrupted run to compare against."""
     root = tmp_path_factory.mktemp("faults")
-    data = toy_subset(root / "data", train=300, valid=20)
+    data = toy_subset(root / "data", train=300, valid=10)  # 10: evaluations and the test split decode little
     config = root / "tiny.yaml"
-    config.write_text(CONFIG.format(data=data, steps=STEPS))
+    config.write_text(CONFIG.format(data=data, steps=STEPS, precision=TEST_PRECISION))
     done = run_tcli("train", "--config", str(config), "--out", str(root / "straight"), "--quiet", *ON_CPU)
     assert done.returncode == 0, done.stderr
     return config, root / "straight"
@@ -51,8 +52,7 @@ def assert_same_end(a: Path, b: Path) -> None:
     assert sa["train_state"]["step"] == sb["train_state"]["step"] == STEPS
 
     def events(run: Path) -> list[tuple]:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-        return [(e["event"], e["step"]) for e in map(json.loads, lines)]
+        return [(e["event"], e["step"]) for e in read_metrics(run)]
 
     assert events(a) == events(b)
     assert sum(1 for e in events(b) if e[0] == "end") == 1
@@ -78,7 +78,16 @@ def seeded_points(n: int, seed: int = 2026) -> list[tuple[str, int]]:
     return sorted(points)
 
 
-@pytest.mark.parametrize("where, step", seeded_points(10), ids=lambda x: str(x))
+# Every point runs in CI (.ci/run); the README's quick run keeps one kill inside training and the one in the final
+# test evaluation (with the kill inside the first checkpoint's write below).
+QUICK = {("step", 6), ("test", 0)}
+
+
+@pytest.mark.parametrize(
+    "where, step",
+    [pytest.param(*p, marks=() if p in QUICK else pytest.mark.slow) for p in seeded_points(10)],
+    ids=lambda x: str(x),
+)
 def test_sigkill_then_resume_ends_bitwise_equal(tmp_path, setup, where, step):
     config, straight = setup
     run = tmp_path / "run"

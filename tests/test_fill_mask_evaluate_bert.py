@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import run_tcli
+from .conftest import TEST_PRECISION, run_tcli
 from .test_bert_train import CONFIG, events, write_corpus
 from .test_train_translate import one_line_error
 
@@ -19,9 +19,9 @@ def bert_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("bert_inspect")
     write_corpus(root / "train.txt", 120, seed=1)
     write_corpus(root / "valid.txt", 20, seed=2)
-    (root / "bert.yaml").write_text(CONFIG.format(data=root, steps=12))
+    (root / "bert.yaml").write_text(CONFIG.format(data=root, steps=12, precision=TEST_PRECISION))
     run = root / "run"
-    done = run_tcli("pretrain-bert", "--config", str(root / "bert.yaml"), "--out", str(run), "--quiet", timeout=900)
+    done = run_tcli("pretrain-bert", "--config", str(root / "bert.yaml"), "--out", str(run), "--quiet")
     assert done.returncode == 0, done.stderr
     return run
 

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from .conftest import ROOT, TOY, run_tcli
+from transformer_cli.metrics_file import read_metrics
+
+from .conftest import ROOT, TEST_PRECISION, TOY, run_tcli
 from .test_train_translate import one_line_error
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -20,7 +22,7 @@ CONFIG = """
 data: {{dir: {data}, src_lang: src, tgt_lang: tgt, train: train, valid: val, test: null, max_len: 64}}
 vocab: {{size: 400}}
 model: {{d_model: 64, heads: 4, ffn_dim: 128, enc_layers: 2, dec_layers: 2, dropout: 0.1}}
-train: {{max_steps: 320, max_tokens: 1024, lr: 0.003, warmup_steps: 100, precision: fp32, seed: 1,
+train: {{max_steps: 320, max_tokens: 1024, lr: 0.003, warmup_steps: 100, precision: {precision}, seed: 1,
         eval_every: 160, log_every: 40}}
 eval: {{beam: 2, max_len_b: 5}}
 """
@@ -36,15 +38,15 @@ def toy_run(tmp_path_factory) -> Path:
         (data / f"train.{lang}").write_bytes((TOY / f"train.{lang}").read_bytes())
         val = (TOY / f"val.{lang}").read_text(encoding="utf-8").splitlines()[:80]
         (data / f"val.{lang}").write_text("\n".join(val) + "\n", encoding="utf-8")
-    (root / "toy.yaml").write_text(CONFIG.format(data=data))
+    (root / "toy.yaml").write_text(CONFIG.format(data=data, precision=TEST_PRECISION))
     run = root / "run"
-    done = run_tcli("train", "--config", str(root / "toy.yaml"), "--out", str(run), "--quiet", timeout=900)
+    done = run_tcli("train", "--config", str(root / "toy.yaml"), "--out", str(run), "--quiet")
     assert done.returncode == 0, done.stderr
     return run
 
 
 def events(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(run)
 
 
 # ----------------------------------------------------------------------------- tcli evaluate
@@ -248,26 +250,15 @@ def test_attention_heatmaps_and_weights(toy_run, tmp_path):
     assert str(weights["translation"]) == result.stdout.split("\n")[1]
 
 
-def test_missing_matplotlib_is_one_line(toy_run, tmp_path):
-    blocked = (
-        "import sys; sys.modules['matplotlib'] = None; from transformer_cli.cli import main; "
-        "sys.argv = ['tcli'] + sys.argv[1:]; main()"
-    )
-    import subprocess
-
+def test_missing_matplotlib_is_one_line(toy_run, tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed: `import matplotlib...` fails
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
     for args in (
         ["translate", "--checkpoint", str(toy_run / "checkpoints" / "best.pt"), "--attention", str(tmp_path / "a")],
         ["plot", str(toy_run)],
     ):
-        result = subprocess.run(
-            [sys.executable, "-c", blocked, *args],
-            cwd=ROOT,
-            input="A dog sleeps.\n",
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        one_line_error(result, "matplotlib", "transformer-cli[plot]")
+        one_line_error(run_tcli(*args, input="A dog sleeps.\n"), "matplotlib", "transformer-cli[plot]")
 
 
 def test_plot_curves(toy_run, tmp_path):

@@ -238,12 +238,12 @@ def test_errors(tmp_path):
 
 
 def test_cli_preset_json():
-    help_text = run_tcli("--help", timeout=60).stdout
+    help_text = run_tcli("--help").stdout
     if "count-params" not in help_text:
         pytest.skip("count-params is not wired into the CLI (transformer_cli/cli.py) yet")
-    proc = run_tcli("count-params", "--preset", "bert-base", "--json", timeout=120)
+    proc = run_tcli("count-params", "--preset", "bert-base", "--json")
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert (r["bert_model"], r["pretraining"]) == BERT["bert-base"]
-    proc = run_tcli("count-params", "--preset", "nope", timeout=120)
+    proc = run_tcli("count-params", "--preset", "nope")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "bert-large" in proc.stderr

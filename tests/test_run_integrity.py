@@ -4,7 +4,6 @@ finished runs stay finished, resume refuses changes that would silently alter a 
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import signal
 import subprocess
@@ -15,14 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import ROOT, run_tcli, toy_subset
+from transformer_cli.metrics_file import read_metrics
+
+from .conftest import ROOT, TEST_PRECISION, run_tcli, toy_subset
 from .test_train_translate import one_line_error
 
 CONFIG = """
 data: {{dir: {data}, src_lang: src, tgt_lang: tgt, train: train, valid: val, test: test, max_len: 60}}
 vocab: {{size: 120}}
 model: {{d_model: 32, heads: 4, ffn_dim: 64, enc_layers: 1, dec_layers: 1, dropout: 0.1}}
-train: {{max_steps: {steps}, max_tokens: 400, lr: 0.003, warmup_steps: 2, precision: fp32,
+train: {{max_steps: {steps}, max_tokens: 400, lr: 0.003, warmup_steps: 2, precision: {precision},
         eval_every: 4, log_every: 2, seed: 3, keep_last: 2}}
 eval: {{beam: 1, max_len_b: 5, bleu: false}}
 """
@@ -35,7 +36,7 @@ def data(tmp_path_factory) -> Path:
 
 def config(tmp_path: Path, data: Path, steps: int = 4, name: str = "tiny.yaml") -> Path:
     path = tmp_path / name
-    path.write_text(CONFIG.format(data=data, steps=steps))
+    path.write_text(CONFIG.format(data=data, steps=steps, precision=TEST_PRECISION))
     return path
 
 
@@ -183,7 +184,7 @@ def test_resume_allows_safe_keys_and_continues(tmp_path, finished_run):
         "eval.beam=2",
     )
     assert more.returncode == 0, more.stderr
-    log = [json.loads(line) for line in (copy / "metrics.jsonl").read_text().splitlines()]
+    log = read_metrics(copy)
     assert [e["step"] for e in log if e["event"] == "end"] == [6]
     assert [e["step"] for e in log if e["event"] == "train"] == [2, 4, 5, 6]
 
@@ -243,6 +244,15 @@ def test_vocabulary_is_rebuilt_when_its_settings_change_before_a_checkpoint(tmp_
     assert "size: 90" in (run / "config.yaml").read_text()
     stored = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["vocab"]["joint"]
     assert stored == vocab.model_bytes
+
+
+def test_the_metrics_reader_names_a_damaged_line_or_skips_it(tmp_path):
+    lines = ['{"event": "train", "step": 2}', '{"event": "train", "st', "[1]", '{"event": "end"}']
+    (tmp_path / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    with pytest.raises(ValueError, match="line 2 is not a JSON object"):
+        read_metrics(tmp_path)
+    assert [e["event"] for e in read_metrics(tmp_path, skip_damaged=True)] == ["train", "end"]
+    assert read_metrics(tmp_path, "end", skip_damaged=True) == [{"event": "end"}]
 
 
 def test_stale_temporary_files_are_removed_on_resume(tmp_path, finished_run):
@@ -403,7 +413,7 @@ def test_translate_checks_output_paths_before_decoding(tmp_path, finished_run):
 
 def test_yaml_traps_are_one_line_errors(tmp_path, data):
     dup = tmp_path / "dup.yaml"
-    dup.write_text(CONFIG.format(data=data, steps=2) + "train: {max_steps: 3}\n")
+    dup.write_text(CONFIG.format(data=data, steps=2, precision=TEST_PRECISION) + "train: {max_steps: 3}\n")
     one_line_error(train(dup, tmp_path / "r1"), "appears twice", "lines 5 and 8")
     laughs = tmp_path / "laughs.yaml"
     levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -386,7 +387,10 @@ def test_preprocess_command_guards_its_folder(tmp_path, data):
     (foreign / "notes.txt").write_text("mine")
     one_line_error(run_tcli("preprocess", "--config", config, "--out", str(foreign)), "not empty")
     out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").write_text("4194304999\n")  # a longer PID left by an earlier holder: replaced, not overwritten
     assert run_tcli("preprocess", "--config", config, "--out", str(out)).returncode == 0
+    assert (out / ".lock").read_text() == f"{os.getpid()}\n"  # (this process: run_tcli runs tcli in it)
     (out / "bert_sample_map_0123abcd.npy").write_bytes(b"")  # what pretrain-bert caches beside the arrays
     again = run_tcli("preprocess", "--config", config, "--out", str(out))
     assert again.returncode == 0 and "up to date" in again.stderr, again.stderr
@@ -583,8 +587,8 @@ def test_reads_with_pread_equal_the_arrays_and_map_no_page(preprocessed):
 
 
 def test_preprocess_never_loads_torch(tmp_path, data):
-    """`tcli preprocess` runs without importing torch (about 2 s of start-up on 2 cores, more than the rest of
-    preprocessing a small corpus): the setups import it only to build a task."""
+    """`tcli preprocess` runs without importing torch (whose start-up costs more than the rest of preprocessing a
+    small corpus): the setups import it only to build a task."""
     argv = ["tcli", "preprocess", "--config", str(tiny_config(tmp_path, data)), "--out", str(tmp_path / "p"), "--quiet"]
     code = (
         "import sys\nfrom transformer_cli.cli import main\n"

@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import ROOT, run_tcli, toy_subset
+from transformer_cli.metrics_file import read_metrics
+
+from .conftest import ROOT, TEST_PRECISION, run_tcli, run_tcli_process, run_tcli_without_torch, toy_subset
 
 TINY = """
 data: {{dir: {data}, src_lang: src, tgt_lang: tgt, train: train, valid: val, test: test, max_len: 60}}
 vocab: {{size: 120}}
 model: {{d_model: 32, heads: 4, ffn_dim: 64, enc_layers: 2, dec_layers: 2, dropout: 0.1}}
-train: {{max_steps: {steps}, max_tokens: 400, accum_steps: 2, lr: 0.003, warmup_steps: 5, precision: fp32,
+train: {{max_steps: {steps}, max_tokens: 400, accum_steps: 2, lr: 0.003, warmup_steps: 5, precision: {precision},
         eval_every: 6, save_every: 2, log_every: 2, seed: 3}}
 eval: {{beam: 2, max_len_b: 5}}
 """
@@ -33,12 +35,12 @@ def small_data(tmp_path_factory) -> Path:
 
 def tiny_config(tmp_path: Path, data: Path, steps: int = 24) -> Path:
     path = tmp_path / "tiny.yaml"
-    path.write_text(TINY.format(data=data, steps=steps))
+    path.write_text(TINY.format(data=data, steps=steps, precision=TEST_PRECISION))
     return path
 
 
 def events(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(run)
 
 
 def test_sigterm_saves_last_and_resume_continues(tmp_path, small_data):
@@ -219,6 +221,22 @@ def test_bad_config_and_options_get_one_line_errors(tmp_path, small_data):
     )
 
 
+def test_a_bad_config_fails_before_torch_is_imported(tmp_path, small_data):
+    """A mistake in the config or the options costs the user no torch start-up."""
+    config = tiny_config(tmp_path, small_data, steps=2)
+    bert = tmp_path / "bert.yaml"
+    bert.write_text("model: {d_model: 32, heads: 4}\n")
+    for command, cfg, extra in (
+        ("train", config, ("--set", "model.heads=5")),
+        ("train", config, ("--resume", "yes")),
+        ("pretrain-bert", bert, ("--set", "train.warmup=3")),
+    ):
+        result = run_tcli_without_torch(command, "--config", str(cfg), *extra)
+        *lines, imported = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        assert imported == "torch imported: False", (command, extra)
+
+
 def test_translate_errors(tmp_path):
     one_line_error(run_tcli("translate", "--checkpoint", str(tmp_path / "none.pt")), "checkpoint not found")
     text = tmp_path / "text.pt"
@@ -233,7 +251,7 @@ def test_translate_errors(tmp_path):
 
 
 def test_help_and_module_entry_point():
-    result = run_tcli("--help")
+    result = run_tcli_process("--help")
     assert result.returncode == 0 and "train" in result.stdout and "translate" in result.stdout
 
 

@@ -22,7 +22,7 @@ from transformer_cli.datasets.text import LineReader, decode_utf8
 from transformer_cli.decode import DecodeOptions
 from transformer_cli.errors import UserError
 
-from .conftest import ROOT, TOY
+from .conftest import ROOT, TOY, run_tcli
 from .test_average import write_checkpoint
 
 TRICKY = [
@@ -253,14 +253,10 @@ def test_errors_name_the_line_and_come_in_one_line(checkpoint, tmp_path, monkeyp
         run(checkpoint, path, tmp_path, 4, 8, monkeypatch)
     assert len((tmp_path / "out_4_8.txt").read_text().splitlines()) == 40  # the lines before it are written
 
-    from typer.testing import CliRunner
-
-    from transformer_cli.cli import app
-
     reference = tmp_path / "ref.txt"
     reference.write_text("one\ntwo\n")
     args = ["translate", "--checkpoint", str(checkpoint), "--reference", str(reference), "--beam", "2"]
-    result = CliRunner().invoke(app, args, input="A dog.\nA cat.\nTwo cats.\n")
-    assert result.exit_code == 2, result.stderr
+    result = run_tcli(*args, input="A dog.\nA cat.\nTwo cats.\n")
+    assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [f"error: --reference {reference} has 2 lines but the input has 3"]
     assert len(result.stdout.splitlines()) == 3

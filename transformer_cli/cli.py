@@ -172,10 +172,12 @@ def train(
 ) -> None:
     """Train an encoder-decoder translation model."""
     from transformer_cli.config import TranslationRunConfig, load_config
+
+    # The config and options are checked before torch is imported: a mistake costs well under a second.
+    cfg, resume_auto = load_config(TranslationRunConfig, config, set_), _resume_flag(resume)
     from transformer_cli.tasks.translation_setup import train_translation
 
-    cfg = load_config(TranslationRunConfig, config, set_)
-    train_translation(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet)
+    train_translation(cfg, _run_dir(out, config), device=device, resume=resume_auto, quiet=quiet)
 
 
 @app.command()
@@ -279,10 +281,11 @@ def pretrain_bert(
 ) -> None:
     """Pretrain BERT (masked LM + next sentence prediction) on your own text."""
     from transformer_cli.config import BertRunConfig, load_config
+
+    cfg, resume_auto = load_config(BertRunConfig, config, set_), _resume_flag(resume)  # before torch, as in train
     from transformer_cli.tasks.bert_setup import pretrain_bert as run
 
-    cfg = load_config(BertRunConfig, config, set_)
-    run(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet, init_from_hf=init_from_hf)
+    run(cfg, _run_dir(out, config), device=device, resume=resume_auto, quiet=quiet, init_from_hf=init_from_hf)
 
 
 @app.command()

@@ -9,7 +9,6 @@ train events after the last known point are left out of the wall-time column.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import numpy as np
 
 from transformer_cli.attention_plot import image_format, save_figure
 from transformer_cli.errors import UserError
+from transformer_cli.metrics_file import read_metrics
 
 # (row title, [(event, key, label)]): the first series of a row that the log has decides its presence.
 ROWS: list[tuple[str, list[tuple[str, str, str]]]] = [
@@ -47,13 +47,8 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
         raise UserError(f"{run_dir} is not a run directory (no such folder)")
     if not path.is_file():
         raise UserError(f"{path} not found: is {run_dir} a run directory of tcli train / pretrain-bert?")
-    events = []
     try:
-        with open(path, "rb") as f:
-            for raw in f:
-                event = _event(raw)
-                if event is not None:
-                    events.append(event)
+        events = [e for e in read_metrics(run_dir, skip_damaged=True) if _plottable(e)]
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     if not any(e["event"] in ("train", "eval") for e in events):
@@ -65,16 +60,11 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _event(raw: bytes) -> dict[str, Any] | None:
-    try:
-        event = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if not isinstance(event, dict) or event.get("event") not in ("train", "eval", "end"):
-        return None
-    if not _number(event.get("step")) or ("wall_s" in event and not _number(event["wall_s"])):
-        return None
-    return event
+def _plottable(event: dict[str, Any]) -> bool:
+    """A train, eval or end event whose step (and wall_s, when given) are numbers."""
+    if event.get("event") not in ("train", "eval", "end"):
+        return False
+    return _number(event.get("step")) and ("wall_s" not in event or _number(event["wall_s"]))
 
 
 def wall_clock(events: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:

@@ -81,20 +81,8 @@ class RunDirectory:
     def acquire(self) -> None:
         self._guard()
         self._created = not self.path.exists()
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise UserError(f"cannot create the run directory {self.path}: {e.strerror}") from None
-        if not _try_lock(fd):
-            holder = _read_pid(fd)
-            os.close(fd)
-            raise UserError(
-                f"{self.path} is in use by another tcli run (PID {holder}); wait for it to end or choose another --out"
-            )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+        advice = "wait for it to end or choose another --out"
+        self._lock_fd = lock_directory(self.path, "the run directory", "run", advice)
 
     def release(self) -> None:
         """Give the lock back; a run refused before it started leaves no directory it made itself."""
@@ -186,6 +174,25 @@ class RunDirectory:
     def _write_marker(self, status: str, **extra: Any) -> None:
         data = {"tcli": __version__, "kind": self.kind, "status": status, "checkpointed": self.checkpointed, **extra}
         write_atomic((json.dumps(data, indent=1) + "\n").encode(), self.path / MARKER)
+
+
+def lock_directory(folder: Path, name: str, holder: str, advice: str) -> int:
+    """Create `folder` if needed and hold an exclusive lock on folder/.lock (fcntl.flock: released by the OS
+    however the process ends), the holder's PID written in it: the one lock of run directories and preprocessed
+    folders. Returns the descriptor (closing it releases the lock). One-line errors: `cannot create {name}` and
+    `{folder} is in use by another tcli {holder} (PID n); {advice}`."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise UserError(f"cannot create {name} {folder}: {e.strerror}") from None
+    if not _try_lock(fd):
+        pid = _read_pid(fd)
+        os.close(fd)
+        raise UserError(f"{folder} is in use by another tcli {holder} (PID {pid}); {advice}")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _try_lock(fd: int) -> bool:
@@ -633,15 +640,8 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
             "files; remove the key"
         )
     setup.read_data()
+    fd = lock_directory(out, "the folder", "command", "wait for it to end")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise UserError(f"cannot create {out}: {e.strerror}") from None
-    try:
-        if not _try_lock(fd):
-            raise UserError(f"{out} is in use by another tcli command (PID {_read_pid(fd)}); wait for it to end")
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         other = _manifest_kind(out)
         if other not in (None, setup.kind) and not force:
             raise UserError(

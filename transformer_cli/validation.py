@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +18,15 @@ import torch
 from torch import nn
 
 from transformer_cli.config import EvalConfig
-from transformer_cli.datasets.bert import Instance, SpecialIds, length_batches, make_batch, make_instances
+from transformer_cli.datasets.bert import (
+    BertBatch,
+    Instance,
+    SpecialIds,
+    batch_seed,
+    length_batches,
+    make_batch,
+    make_instances,
+)
 from transformer_cli.datasets.translation import ParallelData, collate, token_batches
 from transformer_cli.decode import DecodeOptions, decode_corpus
 from transformer_cli.vocab import BOS_ID, EOS_ID, PAD_ID, Vocab
@@ -119,9 +127,14 @@ def held_out_instances(
     return make_instances(docs, max_seq_len, short_seq_prob, random.Random(seed + HELD_OUT_SEED_OFFSET))
 
 
-def mask_seed(seed: int, number: int) -> int:
-    """The mask seed of held-out batch `number` (BertTask._seed(3, number))."""
-    return hash((seed, 3, number)) & 0x7FFF_FFFF_FFFF
+def held_out_batches(
+    instances: list[Instance], ids: SpecialIds, seed: int, batch_size: int, mask_prob: float, max_predictions: int
+) -> Iterator[BertBatch]:
+    """The held-out batches every evaluation scores, on the CPU: the same order and masks each time."""
+    rng = random.Random(seed + BATCH_ORDER_SEED_OFFSET)
+    for number, indices in enumerate(length_batches([len(x) for x in instances], batch_size, rng)):
+        generator = torch.Generator().manual_seed(batch_seed(seed, 3, number))
+        yield make_batch([instances[i] for i in indices], ids, mask_prob, max_predictions, generator)
 
 
 def bert_validation(
@@ -137,11 +150,8 @@ def bert_validation(
 ) -> dict[str, float]:
     """MLM loss and accuracy at the masked positions, NSP accuracy, perplexity = exp(MLM loss)."""
     sums = {"mlm_loss": 0.0, "mlm_correct": 0, "mlm": 0, "nsp_correct": 0, "nsp": 0}
-    rng = random.Random(seed + BATCH_ORDER_SEED_OFFSET)
-    batches = length_batches([len(x) for x in instances], batch_size, rng)
-    for number, indices in enumerate(batches):
-        generator = torch.Generator().manual_seed(mask_seed(seed, number))
-        batch = make_batch([instances[i] for i in indices], ids, mask_prob, max_predictions, generator).to(device)
+    for batch in held_out_batches(instances, ids, seed, batch_size, mask_prob, max_predictions):
+        batch = batch.to(device)
         with context():
             out = model(batch.input_ids, batch.segment_ids, batch.mlm_labels, batch.nsp_labels)
         sums["mlm_loss"] += float(out.mlm_loss)

@@ -13,6 +13,11 @@ import sentencepiece as spm
 
 from transformer_cli.errors import UserError
 
+# sentencepiece's trainer gives other pieces on another thread count (1, 2 and 4 threads: three different
+# vocabularies of the toy corpus), so it is fixed, not the machine's cores: the same data and settings give the
+# same vocabulary on every machine.
+TRAIN_THREADS = 2
+
 # Ids fixed for every tcli vocabulary.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -95,7 +100,7 @@ def train_vocab(
             input_sentence_size=0,  # all of `sample`, already drawn above (spm refuses sizes 1-100)
             shuffle_input_sentence=False,
             minloglevel=2,
-            num_threads=2,
+            num_threads=TRAIN_THREADS,
         )
     except RuntimeError as e:
         detail = " ".join(str(e).split())

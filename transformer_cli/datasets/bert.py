@@ -235,6 +235,13 @@ def collate_pairs(instances: list[Instance], ids: SpecialIds, multiple: int = 1)
     return input_ids, segments, nsp
 
 
+def batch_seed(seed: int, *parts: int) -> int:
+    """The seed of one batch's random draws (its masks) from the run's train.seed and where the batch sits:
+    (2, epoch, number) for training batches, (3, number) for held-out ones. The one definition the task, the
+    evaluation and the scripts that rebuild these batches use."""
+    return hash((seed, *parts)) & 0x7FFF_FFFF_FFFF
+
+
 def mask_tokens(
     input_ids: Tensor, ids: SpecialIds, mask_prob: float, max_predictions: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:

@@ -27,7 +27,7 @@ def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
 class _CPUDropout(torch.autograd.Function):
     """Inverted dropout whose mask comes from 16-bit uniforms cut out of 64-bit random words.
 
-    On CPU, torch's bernoulli_ draws one random number per element (~5 ns each on a 2-core EPYC);
+    On CPU, torch's bernoulli_ draws one random number per element (see BENCHMARKS.md for what it costs);
     one 64-bit word gives four 16-bit uniforms, so the mask costs a quarter of the draws.
     P(drop) = round(p * 65536) / 65536, within 1e-5 of p. The default generator is used, so seeding and
     checkpointed RNG states reproduce the masks exactly.

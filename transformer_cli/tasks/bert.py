@@ -15,6 +15,7 @@ from transformer_cli.datasets.bert import (
     EpochPlan,
     PlanBatch,
     SpecialIds,
+    batch_seed,
     make_plan_batch,
     plan_epoch,
     sample_map_cached,
@@ -58,7 +59,7 @@ class BertTask:
         self.valid = held_out_instances(docs, cfg.train.seed, d.max_seq_len, d.short_seq_prob)
 
     def _seed(self, *parts: int) -> int:
-        return hash((self.cfg.train.seed, *parts)) & 0x7FFF_FFFF_FFFF
+        return batch_seed(self.cfg.train.seed, *parts)
 
     def epoch_batches(self, epoch: int) -> EpochPlan:
         """The epoch's NSP pairs and batch order, drawn for all samples at once; the same number every epoch."""

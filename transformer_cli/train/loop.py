@@ -32,7 +32,7 @@ from transformer_cli.errors import UserError
 from transformer_cli.files import write_atomic
 from transformer_cli.runtime import Runtime, release_free_memory
 from transformer_cli.train.metrics import MetricsLog
-from transformer_cli.train.optim import build_optimizer, build_scheduler
+from transformer_cli.train.optim import build_optimizer, build_scheduler, optimizer_step
 from transformer_cli.train.stop import saved_stop_reason, stop_reason
 
 
@@ -392,17 +392,9 @@ class Trainer:
                 self.scaler.scale(objective * weight if weight != 1.0 else objective).backward()
             if weight:
                 interval.add(stats)
-        self.scaler.unscale_(self.optimizer)
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        max_norm = self.cfg.clip_norm if self.cfg.clip_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        finite = math.isfinite(float(grad_norm))  # the step's one host sync
-        if self.scaler.is_enabled() or finite:
-            self.scaler.step(self.optimizer)  # fp16: the scaler itself skips an overflowing step
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm, finite = optimizer_step(self.optimizer, self.scaler, self.cfg.clip_norm)
         self.scheduler.step()
-        return grad_norm.detach(), finite
+        return grad_norm, finite
 
     def _after_step(self, signalled: bool, out_of_time: bool) -> str | None:
         """Evaluate / save on schedule; return why training stops now, or None."""

@@ -23,6 +23,24 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
     )
 
 
+def optimizer_step(
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, clip_norm: float
+) -> tuple[torch.Tensor, bool]:
+    """The update after backward, for the trainer and the scripts that time it: unscale, clip the gradients'
+    norm to clip_norm (0: measured, not clipped), step unless that norm is NaN/inf (a skipped update; fp16's
+    scaler skips overflowing steps itself), update the scaler, zero the gradients.
+    Returns the norm and whether it was finite."""
+    scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm > 0 else float("inf"))
+    finite = math.isfinite(float(grad_norm))  # the step's one host sync
+    if scaler.is_enabled() or finite:
+        scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm.detach(), finite
+
+
 def lr_factor(step: int, schedule: str, warmup: int, total: int | None) -> float:
     """Multiplier of the peak lr at update `step` (1-based): linear warmup, then the schedule's decay."""
     step = max(step, 1)
