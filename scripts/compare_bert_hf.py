@@ -116,9 +116,8 @@ def run_hf(config: Path, data_dir: Path, minutes: float, out: Path, vocab_path: 
 @torch.inference_mode()
 def evaluate_hf(model, task, autocast) -> dict:
     """BertTask.evaluate's numbers (same held-out batches and masks) from the HF model's logits."""
-    from transformer_cli.validation import held_out_batches
-
     from transformer_cli.datasets.bert import IGNORE
+    from transformer_cli.validation import held_out_batches
 
     model.eval()
     cfg = task.cfg
