@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 import traceback
@@ -78,6 +79,9 @@ def run_tcli(*args: str, cwd: Path | None = None, input: str | None = None) -> s
     stdout = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
     stderr = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
     saved = sys.argv, sys.stdin, sys.stdout, sys.stderr, os.getcwd()
+    # main() ignores SIGINT/SIGTERM once a command's work is done (for the interpreter's shutdown): in this
+    # process that would outlive the command, so the handlers are put back after it.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     with warnings.catch_warnings():
         warnings.resetwarnings()  # Python's defaults, not pytest's capture
@@ -97,6 +101,8 @@ def run_tcli(*args: str, cwd: Path | None = None, input: str | None = None) -> s
         finally:
             sys.argv, sys.stdin, sys.stdout, sys.stderr = saved[:4]
             os.chdir(saved[4])
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
     out, err = (stream.buffer.getvalue().decode("utf-8", "replace") for stream in (stdout, stderr))
     return subprocess.CompletedProcess(["tcli", *args], code, out, err)
 

@@ -136,7 +136,10 @@ def test_export_hf_loads_in_transformers_and_init_from_hf(tmp_path, corpus):
         "--set",
         "model.layers=3",
     )
-    assert wrong.returncode == 2 and "num_hidden_layers is 2 but model.layers is 3" in wrong.stderr
+    assert (
+        wrong.returncode == 2
+        and "num_hidden_layers is 2 but the run's model.layers is 3; set model.layers=2" in wrong.stderr
+    )
 
 
 @pytest.mark.parametrize(

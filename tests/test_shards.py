@@ -19,7 +19,7 @@ from transformer_cli.datasets import text as text_mod
 from transformer_cli.datasets.text import read_lines, stream_lines
 from transformer_cli.errors import UserError
 
-from .conftest import ON_CPU, TOY, run_tcli, toy_subset
+from .conftest import ON_CPU, ROOT, TOY, run_tcli, toy_subset
 from .test_train_translate import events, one_line_error, tiny_config
 
 BERT_TOY = TOY.parent / "bert_toy"
@@ -599,3 +599,18 @@ def test_preprocess_never_loads_torch(tmp_path, data):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
     assert (tmp_path / "p" / "manifest.json").is_file()
+
+
+def test_workers_stop_when_the_parent_ignores_sigterm():
+    """Pool.terminate stops its workers with SIGTERM. A parent that ignores SIGTERM (tcli's main() does once a
+    command's work is done; ignored signals are inherited by the processes it starts) must still be able to
+    stop its workers: before the fix the parent waited for them forever."""
+    code = (
+        "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "from transformer_cli.datasets.shards import Workers\n"
+        "with Workers([], 2) as w:\n"
+        "    pass\n"
+        "print('stopped')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stderr

@@ -15,7 +15,7 @@ import typer
 
 app = typer.Typer(
     name="tcli",
-    help="Train Transformer translation models and pretrain BERT from one YAML file.",
+    help="Train Transformer translation models, pretrain BERT and fine-tune it, each from one YAML file.",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -374,9 +374,22 @@ class Workers:
         if workers == 0:
             return
         import multiprocessing
+        import signal
+        import threading
 
         ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (torch, tqdm)
-        self._pool = ctx.Pool(workers, initializer=_quiet_worker)
+        # Pool.terminate stops workers with SIGTERM, and a process starts with the signals its parent ignores
+        # ignored: a worker must not begin life deaf to it (until its initializer runs), or terminate waits forever.
+        ignored = (
+            signal.getsignal(signal.SIGTERM) == signal.SIG_IGN and threading.current_thread() is threading.main_thread()
+        )
+        if ignored:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            self._pool = ctx.Pool(workers, initializer=_quiet_worker)
+        finally:
+            if ignored:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def __enter__(self) -> Workers:
         return self
