@@ -257,6 +257,9 @@ def test_resume_from_a_checkpoint_that_is_not_a_training_state_is_one_line(world
 # ----------------------------------------------------------------------------- 4. names over 255 bytes
 
 
+FINETUNE_YAML = Path(__file__).resolve().parents[1] / "configs" / "finetune_sst2.yaml"
+
+
 def long_name_cases(w: dict[str, Path], tmp: Path) -> list[list]:
     long = tmp / LONG
     return [
@@ -280,6 +283,14 @@ def long_name_cases(w: dict[str, Path], tmp: Path) -> list[list]:
         ["translate", "--checkpoint", w["tr_ckpt"], "--attention", long, "--input", w["tr_yaml"]],
         ["fill-mask", "--checkpoint", w["bert_ckpt"], "--input", long],
         ["count-params", "--checkpoint", long],
+        ["finetune", "--config", FINETUNE_YAML, "--out", long],
+        ["finetune", "--config", FINETUNE_YAML, "--out", tmp / "r", "--set", f"model.init={long / 'b.pt'}"],
+        ["finetune", "--config", FINETUNE_YAML, "--out", tmp / "r", "--set", f"data.dir={long}"],
+        ["predict", "--checkpoint", long, "--input", w["tr_yaml"]],
+        ["predict", "--checkpoint", w["bert_ckpt"], "--input", w["tr_yaml"], "--output", tmp / f"{LONG}.txt"],
+        ["glue", "--checkpoint", "none", "--data-dir", long, "--out", tmp / "g"],
+        ["glue", "--checkpoint", long, "--data-dir", tmp, "--out", tmp / "g"],
+        ["glue", "--checkpoint", "none", "--data-dir", tmp, "--out", long],
     ]
 
 

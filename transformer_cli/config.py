@@ -392,13 +392,15 @@ def load_config(schema: type[Section], path: str | Path | None, overrides: list[
 
 
 def _check_paths(cfg: Any) -> None:
-    """The config's file and folder names (data.*, vocab.model) go through the check of every user path."""
+    """The config's file and folder names (data.*, vocab.model, fine-tuning's model.init) go through the check of
+    every user path."""
     from transformer_cli.files import check_user_path
 
-    for section in ("data", "vocab"):
+    paths = {("vocab", "model"), ("model", "init")}
+    for section in ("data", "vocab", "model"):
         values = getattr(cfg, section).model_dump(mode="json") if hasattr(cfg, section) else {}
         for key, value in values.items():
-            if isinstance(value, str) and (section == "data" or key == "model"):
+            if isinstance(value, str) and (section == "data" or (section, key) in paths):
                 check_user_path(value, f"{section}.{key}")
 
 
