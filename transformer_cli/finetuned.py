@@ -74,24 +74,13 @@ class FinetuneMeta:
 
 def build_classifier(meta: FinetuneMeta) -> nn.Module:
     """The encoder (without pretraining heads) and the task's head, from the metadata alone."""
-    from transformer_cli.models.bert import Bert
+    from transformer_cli.models.builders import build_bert
     from transformer_cli.models.heads import BertClassifier
 
     e = meta.encoder
     if e.d_model % e.heads:
         raise ValueError(f"d_model ({e.d_model}) must be divisible by heads ({e.heads})")
-    encoder = Bert(
-        vocab_size=meta.vocab_size,
-        d_model=e.d_model,
-        layers=e.layers,
-        heads=e.heads,
-        ffn_dim=e.ffn_dim,
-        max_positions=e.max_positions,
-        dropout=e.dropout,
-        attention_dropout=e.attention_dropout,
-        pad_id=meta.tokenizer.pad_id,
-        pretraining_heads=False,
-    )
+    encoder = build_bert(e, meta.vocab_size, pad_id=meta.tokenizer.pad_id, pretraining_heads=False)
     return BertClassifier(encoder, meta.kind, meta.outputs, meta.classifier_dropout)
 
 

@@ -29,8 +29,9 @@ def build_transformer(cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_siz
     )
 
 
-def build_bert(cfg: BertModelConfig, vocab_size: int) -> Bert:
-    """BertForPreTraining of `cfg` for a vocabulary of `vocab_size` pieces."""
+def build_bert(cfg: BertModelConfig, vocab_size: int, pad_id: int = PAD_ID, pretraining_heads: bool = True) -> Bert:
+    """BertForPreTraining of `cfg` for a vocabulary of `vocab_size` pieces (the encoder alone, for fine-tuning,
+    without `pretraining_heads`; `pad_id` is the tokenizer's)."""
     return Bert(
         vocab_size=vocab_size,
         d_model=cfg.d_model,
@@ -40,5 +41,6 @@ def build_bert(cfg: BertModelConfig, vocab_size: int) -> Bert:
         max_positions=cfg.max_positions,
         dropout=cfg.dropout,
         attention_dropout=cfg.attention_dropout,
-        pad_id=PAD_ID,
+        pad_id=pad_id,
+        pretraining_heads=pretraining_heads,
     )

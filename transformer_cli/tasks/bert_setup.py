@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformer_cli.config import BertRunConfig
+from transformer_cli.config import BertRunConfig, FinetuneRunConfig
 from transformer_cli.console import say
 from transformer_cli.datasets.shards import BLOCK_LINES, Manifest, lines_of, preprocess_documents, reservoir
 from transformer_cli.datasets.text import (
@@ -32,7 +32,11 @@ if TYPE_CHECKING:
     from transformer_cli.tasks.bert import BertTask
 
 
-def train_bert_vocab(sentences: list[str], cfg: BertRunConfig, source: str = "the training text") -> Vocab:
+def train_bert_vocab(
+    sentences: list[str], cfg: BertRunConfig | FinetuneRunConfig, source: str = "the training text"
+) -> Vocab:
+    """A BERT vocabulary ([PAD] [UNK] [CLS] [SEP] [MASK], no BOS/EOS) of `cfg.vocab` from `sentences`: pretraining's,
+    and fine-tuning's from scratch (`model.init: none`)."""
     v = cfg.vocab
     return train_vocab(
         sentences,

@@ -151,7 +151,8 @@ def _random_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
     """init none: the sizes of `model:` (BERT-base where null) and a sentencepiece vocabulary: vocab.model, or
     one trained on the training texts, as pretrain-bert would."""
     from transformer_cli.bert_tokenizer import BertTokenizer
-    from transformer_cli.vocab import load_model_file, train_vocab
+    from transformer_cli.tasks.bert_setup import train_bert_vocab
+    from transformer_cli.vocab import load_model_file
 
     m = cfg.model
     sizes = {k: getattr(m, k) for k in ("d_model", "layers", "heads", "ffn_dim", "max_positions")}
@@ -164,20 +165,7 @@ def _random_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
             texts += (
                 [" ".join(ex.words)] if isinstance(ex, TaggedSentence) else [ex.text, *([ex.pair] if ex.pair else [])]
             )
-        v = cfg.vocab
-        vocab = train_vocab(
-            texts,
-            v.size,
-            v.type,
-            v.character_coverage,
-            v.max_sentences,
-            cfg.train.seed,
-            pad_piece="[PAD]",
-            unk_piece="[UNK]",
-            control_symbols=("[CLS]", "[SEP]", "[MASK]"),
-            bos_eos=False,
-            source=str(data.files[0]),
-        )
+        vocab = train_bert_vocab(texts, cfg, source=str(data.files[0]))
     tokenizer = BertTokenizer("sentencepiece", vocab.model_bytes, "vocab.model")
     return InitSource(encoder, len(vocab), tokenizer, None, "random weights (init: none)")
 
