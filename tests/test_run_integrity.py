@@ -380,7 +380,11 @@ def test_blank_validation_split_is_named(tmp_path, data):
     shutil.copytree(data, folder)
     (folder / "val.src").write_text("\n\n\n")
     (folder / "val.tgt").write_text("\n\n\n")
-    one_line_error(train(config(tmp_path, folder), tmp_path / "run"), "val: no sentence pairs left", "empty side")
+    one_line_error(
+        train(config(tmp_path, folder), tmp_path / "run"),
+        f"{folder / 'val.src'} / {folder / 'val.tgt'}: no sentence pairs left",
+        "empty side",
+    )
 
 
 def test_translate_warns_about_lines_longer_than_the_positions(tmp_path, finished_run):

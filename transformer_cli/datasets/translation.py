@@ -434,7 +434,7 @@ def preprocess_parallel(
                 why = f"{counts['empty']} of {counts['lines']} have an empty side"
                 if split.max_len is not None:
                     why += f", {counts['long']} have a side over {split.max_len} pieces (data.max_len)"
-                raise UserError(f"{split.name}: no sentence pairs left ({why}); check the {split.name} files")
+                raise UserError(f"{split.src} / {split.tgt}: no sentence pairs left ({why}); check these files")
             names = [n for w in writers.values() for n in w.names] + ([f"{split.name}.ref"] if refs else [])
             out[split.name] = {
                 "counts": {"lines": counts["lines"], "pairs": kept},
