@@ -129,6 +129,17 @@ def test_a_signal_during_export_hf_leaves_no_temporary_and_the_next_export_runs(
     assert tcli("export-hf", "--checkpoint", files["bert"], "--out", out, "--force")[0] == 0
 
 
+def test_an_export_interrupted_between_its_files_changes_nothing(files, tmp_path):
+    """The files of an export appear together: a signal while a later file is written (tokenizer.json, after the
+    weights and config.json) leaves the folder as it was, so the next export needs no --force."""
+    out = tmp_path / "hf"
+    done = run_with_signal(["export-hf", "--checkpoint", files["bert"], "--out", out], "tokenizer.json", 2, tmp_path)
+    assert done.returncode == 130, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == []
+    assert tcli("export-hf", "--checkpoint", files["bert"], "--out", out)[0] == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_during_average_leaves_no_temporary(files, tmp_path, sig, code):
     out = tmp_path / "avg.pt"

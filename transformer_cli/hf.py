@@ -148,7 +148,7 @@ def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
     """
     from safetensors.torch import save as save_safetensors
 
-    from transformer_cli.export.folders import prepare_folder
+    from transformer_cli.export.folders import prepare_folder, write_staged
     from transformer_cli.export.hf_tokenizer import special_tokens_map, tokenizer_config, tokenizer_json
 
     ckpt = read_checkpoint(checkpoint)
@@ -164,12 +164,16 @@ def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
         raise UserError(f"{checkpoint}: its vocabulary cannot be written as a HF tokenizer: {e}") from None
     prepare_folder(out_dir, force, HF_FILES + HF_SHARDS, "HF model and tokenizer")
     weights = to_hf_state_dict(model.state_dict(), cfg.model.layers)
-    write_atomic(save_safetensors(weights, metadata={"format": "pt"}), out_dir / "model.safetensors")
-    _write_json(hf_config(cfg.model, len(vocab)), out_dir / "config.json")
-    write_atomic(vocab.model_bytes, out_dir / "spiece.model")
-    _write_json(tokenizer, out_dir / "tokenizer.json")
-    _write_json(tokenizer_config(cfg.model.max_positions), out_dir / "tokenizer_config.json")
-    _write_json(special_tokens_map(), out_dir / "special_tokens_map.json")
+
+    def write(folder: Path) -> None:
+        write_atomic(save_safetensors(weights, metadata={"format": "pt"}), folder / "model.safetensors")
+        _write_json(hf_config(cfg.model, len(vocab)), folder / "config.json")
+        write_atomic(vocab.model_bytes, folder / "spiece.model")
+        _write_json(tokenizer, folder / "tokenizer.json")
+        _write_json(tokenizer_config(cfg.model.max_positions), folder / "tokenizer_config.json")
+        _write_json(special_tokens_map(), folder / "special_tokens_map.json")
+
+    write_staged(out_dir, write)
     return out_dir
 
 
@@ -181,7 +185,7 @@ def export_finetuned(ckpt: Checkpoint, out_dir: Path, force: bool = False) -> Pa
     answer with tcli's labels and logits."""
     from safetensors.torch import save as save_safetensors
 
-    from transformer_cli.export.folders import prepare_folder
+    from transformer_cli.export.folders import prepare_folder, write_staged
     from transformer_cli.export.hf_tokenizer import special_tokens_map, tokenizer_config, tokenizer_json
 
     meta = ckpt.finetune
@@ -202,13 +206,17 @@ def export_finetuned(ckpt: Checkpoint, out_dir: Path, force: bool = False) -> Pa
         weights = {k: v for k, v in weights.items() if not k.startswith("bert.pooler.")}
     for name in ("classifier.weight", "classifier.bias"):
         weights[name] = state[name].detach().contiguous().clone()
-    write_atomic(save_safetensors(weights, metadata={"format": "pt"}), out_dir / "model.safetensors")
-    _write_json(classifier_config(meta), out_dir / "config.json")
-    if tok.kind == "sentencepiece":
-        write_atomic(tok.data, out_dir / "spiece.model")
-    _write_json(tokenizer, out_dir / "tokenizer.json")
-    _write_json(tokenizer_config(meta.max_seq_len), out_dir / "tokenizer_config.json")
-    _write_json(special_tokens_map(), out_dir / "special_tokens_map.json")
+
+    def write(folder: Path) -> None:
+        write_atomic(save_safetensors(weights, metadata={"format": "pt"}), folder / "model.safetensors")
+        _write_json(classifier_config(meta), folder / "config.json")
+        if tok.kind == "sentencepiece":
+            write_atomic(tok.data, folder / "spiece.model")
+        _write_json(tokenizer, folder / "tokenizer.json")
+        _write_json(tokenizer_config(meta.max_seq_len), folder / "tokenizer_config.json")
+        _write_json(special_tokens_map(), folder / "special_tokens_map.json")
+
+    write_staged(out_dir, write)
     return out_dir
 
 

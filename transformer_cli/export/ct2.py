@@ -16,7 +16,6 @@ the target starts from BOS. The sentencepiece model(s) are copied next to the mo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,8 @@ import torch
 
 from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.errors import UserError
-from transformer_cli.export.folders import STAGING, prepare_folder
-from transformer_cli.files import remove_stale_temporaries, temporary_name, write_atomic
+from transformer_cli.export.folders import prepare_folder, write_staged
+from transformer_cli.files import write_atomic
 from transformer_cli.vocab import Vocab
 
 QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float16")
@@ -141,21 +140,6 @@ def _pieces(vocab: Vocab) -> list[str]:
     return pieces
 
 
-def _save(spec: Any, out_dir: Path) -> None:
-    """spec.save into a staging folder inside out_dir, then each file renamed into place."""
-    staging = temporary_name(out_dir / STAGING)
-    try:
-        staging.mkdir()
-        try:
-            spec.save(str(staging))
-            for f in staging.iterdir():
-                os.replace(f, out_dir / f.name)
-        finally:
-            remove_stale_temporaries(out_dir, STAGING)
-    except OSError as e:
-        raise UserError(f"cannot write {out_dir}: {e.strerror or e}") from None
-
-
 def export_ct2(checkpoint: Path, out_dir: Path, quantization: str | None = None, force: bool = False) -> list[str]:
     """Write `checkpoint` (a translation model) as a CTranslate2 folder; returns the files written."""
     if quantization is not None and quantization not in QUANTIZATIONS:
@@ -168,7 +152,7 @@ def export_ct2(checkpoint: Path, out_dir: Path, quantization: str | None = None,
     spec.validate()
     spec.optimize(quantization=quantization)
     prepare_folder(out_dir, force, CT2_FILES, "CTranslate2")
-    _save(spec, out_dir)
+    write_staged(out_dir, lambda staging: spec.save(str(staging)))
     if src_vocab is tgt_vocab:
         write_atomic(src_vocab.model_bytes, out_dir / "sentencepiece.model")
     else:

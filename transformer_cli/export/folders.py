@@ -3,11 +3,12 @@ export's readers would load, so that nothing of an earlier model there is read w
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from transformer_cli.errors import UserError
-from transformer_cli.files import remove_stale_temporaries
+from transformer_cli.files import remove_stale_temporaries, temporary_name
 
 STAGING = "export"  # `.export.tmpPID`: the folder an export writes into before its files are renamed into place
 
@@ -45,3 +46,21 @@ def check_writable_file(out: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create the folder of {out}: {e.strerror or e}") from None
+
+
+def write_staged(out_dir: Path, write: Callable[[Path], None], last: str = "config.json") -> None:
+    """An export's files written whole or not at all: `write(staging)` fills a staging folder inside `out_dir`
+    (nothing in `out_dir` changes meanwhile), then its files are renamed into place, `last` after the others
+    (readers open it first, so a folder whose renames were cut short is not loadable as a model). The staging
+    folder is removed however this ends; a kill's is removed by the next export (`prepare_folder`)."""
+    staging = temporary_name(out_dir / STAGING)
+    try:
+        staging.mkdir()
+        try:
+            write(staging)
+            for f in sorted(staging.iterdir(), key=lambda f: f.name == last):
+                os.replace(f, out_dir / f.name)
+        finally:
+            remove_stale_temporaries(out_dir, STAGING)
+    except OSError as e:
+        raise UserError(f"cannot write {out_dir}: {e.strerror or e}") from None
