@@ -388,7 +388,8 @@ def run_training(
         data_folder = directory.path / "data"
         if runtime.is_main:
             vocabs = choose_vocab(directory.path, setup, ckpt, quiet)  # refusals come here, before any write
-            _check_preprocessed_vocab(setup, vocabs)
+            if ckpt is None:  # a resume's vocabulary (the checkpoint's) was checked against data.preprocessed above
+                _check_preprocessed_vocab(setup, vocabs)
             directory.start(cfg, fresh=ckpt is None)
             say(quiet, f"run directory {run_dir}; {runtime.describe()}")
             save_vocab(directory.path, setup, vocabs, ckpt)
@@ -513,12 +514,11 @@ def check_preprocessed(manifest: Manifest, settings: dict[str, Any], vocab: Voca
 
 
 def prepare_data(folder: Path, setup: TaskSetup, vocabs: list[Vocab], quiet: bool) -> Manifest:
-    """The run's token arrays: the data.preprocessed folder, checked against the run's vocabulary; else the
-    run's own `data/` folder, reused when its manifest matches the settings, the vocabulary and the text files
-    (a resume tokenises nothing), and written otherwise."""
+    """The run's token arrays: the data.preprocessed folder (run_training has checked it against the run's
+    vocabulary before writing anything); else the run's own `data/` folder, reused when its manifest matches the
+    settings, the vocabulary and the text files (a resume tokenises nothing), and written otherwise."""
     given = setup.preprocessed()
     if given is not None:
-        _check_preprocessed_vocab(setup, vocabs)
         return given
     expected = _expected_manifest(setup, vocabs)
     found = _complete(folder, setup.kind)
