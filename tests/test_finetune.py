@@ -108,7 +108,7 @@ def finetuned(tmp_path_factory, tiny_bert, sst) -> Path:
     return folder / "run"
 
 
-def test_finetune_from_tcli_checkpoint_learns_and_keeps_best(finetuned):
+def test_finetune_from_tcli_checkpoint_learns_and_keeps_best(finetuned, sst):
     run = finetuned
     cfg = run.parent / "ft.yaml"
     evals = events(run, "eval")
@@ -116,6 +116,11 @@ def test_finetune_from_tcli_checkpoint_learns_and_keeps_best(finetuned):
     # evaluated every 4 steps and at each epoch end (48 examples / 8 = 6 steps an epoch)
     assert [e["step"] for e in evals] == [4, 6, 8, 12, 16, 18, 20, 24]
     assert max(e["accuracy"] for e in evals) >= 0.9
+    # speed in examples/s as well as tokens/s: their ratio is the interval's real tokens per example, which lies
+    # between [CLS] word [SEP] and the longest example
+    longest = max(len(line.split()) for line in (sst / "train.tsv").read_text().splitlines()[1:])
+    for e in events(run, "train"):
+        assert e["examples_per_sec"] > 0 and 3 <= e["tokens_per_sec"] / e["examples_per_sec"] <= 3 * longest
     best = torch.load(run / "checkpoints" / "best.pt", weights_only=True)
     assert best["train_state"]["best"] == max(e["score"] for e in evals)
     assert best["finetune"]["labels"] == ["neg", "pos"]

@@ -143,3 +143,23 @@ def test_a_folder_without_a_tokenizer_is_one_line(tmp_path, wordpiece_folder):
     result = CliRunner().invoke(app, ["finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "-q"])
     assert result.exit_code == 2 and "no tokenizer.json or vocab.txt" in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_missing_an_encoder_tensor_is_one_line(tmp_path, wordpiece_folder):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
+        (folder / name).write_bytes((wordpiece_folder / name).read_bytes())
+    weights = load_file(str(wordpiece_folder / "model.safetensors"))
+    missing = next(name for name in weights if name.endswith("encoder.layer.1.attention.self.key.weight"))
+    del weights[missing]
+    save_file(weights, str(folder / "model.safetensors"))
+    cfg = tmp_path / "ft.yaml"
+    cfg.write_text(f"model: {{init: {folder}}}\ndata: {{dir: {_data(tmp_path / 'd')}}}\ntrain: {{max_steps: 1}}\n")
+    result = CliRunner().invoke(app, ["finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 2, result.output
+    assert f"model.init {folder}: the HF weights lack bert.encoder.layer.1.attention.self.key.weight" in result.output
+    assert "not a BERT model" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()

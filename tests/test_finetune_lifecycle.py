@@ -36,6 +36,7 @@ class _ToyTask:
 
     kind = "finetune"
     throughput_key = "tokens_per_sec"
+    examples_key = None
     best_metric, best_mode = "score", "max"
 
     def __init__(self, each_epoch: bool):

@@ -20,6 +20,7 @@ from transformer_cli.checkpoint import Checkpoint, check_weights, read_checkpoin
 from transformer_cli.config import BertModelConfig
 from transformer_cli.errors import UserError, quote
 from transformer_cli.files import write_atomic
+from transformer_cli.models.bert import PRETRAINING_HEADS
 from transformer_cli.models.builders import build_bert
 from transformer_cli.vocab import Vocab, check_bert_vocab
 
@@ -50,13 +51,10 @@ _LAYER_NAMES = {
 }
 
 
-_PRETRAINING_HEADS = ("nsp_head.", "mlm_dense.", "mlm_norm.", "mlm_bias")
-
-
 def to_hf_state_dict(state: dict[str, Tensor], layers: int, heads: bool = True) -> dict[str, Tensor]:
     """Our BERT state dict -> HF BertForPreTraining names (Q, K, V split out of the fused projection);
     `heads=False`: the encoder and pooler alone (BertModel's tensors, under the "bert." prefix)."""
-    out = {hf: state[ours] for ours, hf in _NAMES.items() if heads or not ours.startswith(_PRETRAINING_HEADS)}
+    out = {hf: state[ours] for ours, hf in _NAMES.items() if heads or not ours.startswith(PRETRAINING_HEADS)}
     for i in range(layers):
         prefix, hf = f"encoder.{i}.", _LAYER.format(i=i)
         for kind in ("weight", "bias"):
@@ -69,12 +67,19 @@ def to_hf_state_dict(state: dict[str, Tensor], layers: int, heads: bool = True) 
     return {name: t.detach().contiguous().clone() for name, t in out.items()}
 
 
-def from_hf_state_dict(hf: dict[str, Tensor], layers: int) -> dict[str, Tensor]:
-    """The inverse of `to_hf_state_dict`."""
-    missing = [name for name in _NAMES.values() if name not in hf]
+def from_hf_state_dict(hf: dict[str, Tensor], layers: int, heads: bool = True) -> dict[str, Tensor]:
+    """The inverse of `to_hf_state_dict`; `heads=False` takes the encoder and pooler alone (the tensors of
+    whatever heads the HF class that saved them had are ignored)."""
+    names = {ours: theirs for ours, theirs in _NAMES.items() if heads or not ours.startswith(PRETRAINING_HEADS)}
+    per_layer = [f"attention.self.{p}" for p in ("query", "key", "value")] + list(_LAYER_NAMES.values())
+    needed = [*names.values()]
+    for i in range(layers):
+        needed += [f"{_LAYER.format(i=i)}{name}.{kind}" for name in per_layer for kind in ("weight", "bias")]
+    missing = [name for name in needed if name not in hf]
     if missing:
-        raise UserError(f"the HF weights lack {missing[0]} (and {len(missing) - 1} more); not a BertForPreTraining")
-    out = {ours: hf[theirs] for ours, theirs in _NAMES.items()}
+        kind = "BertForPreTraining" if heads else "BERT model"
+        raise UserError(f"the HF weights lack {missing[0]} (and {len(missing) - 1} more); not a {kind}")
+    out = {ours: hf[theirs] for ours, theirs in names.items()}
     for i in range(layers):
         prefix, theirs = f"encoder.{i}.", _LAYER.format(i=i)
         for kind in ("weight", "bias"):

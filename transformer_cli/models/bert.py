@@ -49,6 +49,10 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
+# Name prefixes of the pretraining heads' parameters (MLM transform and bias, NSP): what fine-tuning leaves out.
+PRETRAINING_HEADS = ("nsp_head.", "mlm_dense.", "mlm_norm.", "mlm_bias")
+
+
 class Bert(nn.Module):
     """BertForPreTraining: encoder + pooler + NSP head + MLM head (tied decoder)."""
 

@@ -37,6 +37,7 @@ def special_ids(vocab: Vocab) -> SpecialIds:
 class BertTask:
     kind = "bert"
     throughput_key = "tokens_per_sec"
+    examples_key = None
     best_metric, best_mode = "mlm_loss", "min"
     evaluate_each_epoch = False
 

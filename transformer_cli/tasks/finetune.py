@@ -27,6 +27,7 @@ class FinetuneTask:
 
     kind = "finetune"
     throughput_key = "tokens_per_sec"
+    examples_key = "examples_per_sec"  # as run_glue.py reports its speed
     best_metric, best_mode = "score", "max"
     evaluate_each_epoch = True
 

@@ -117,9 +117,6 @@ class InitSource:
     description: str
 
 
-_HEADS = ("nsp_head.", "mlm_dense.", "mlm_norm.", "mlm_bias")
-
-
 def _with_dropout(encoder: BertModelConfig, cfg: FinetuneRunConfig) -> BertModelConfig:
     m = cfg.model
     update = {k: getattr(m, k) for k in ("dropout", "attention_dropout") if getattr(m, k) is not None}
@@ -138,10 +135,11 @@ def resolve_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
         raise UserError(f"model.init: {path} not found (a tcli BERT checkpoint, a Hugging Face BERT folder, or none)")
     from transformer_cli.bert_tokenizer import BertTokenizer
     from transformer_cli.checkpoint import read_checkpoint
+    from transformer_cli.models.bert import PRETRAINING_HEADS
 
     ckpt = read_checkpoint(path, kind="bert")
     ckpt.build_model()  # checks every tensor's name, shape and finiteness
-    weights = {f"bert.{k}": v for k, v in ckpt.weights.items() if not k.startswith(_HEADS)}
+    weights = {f"bert.{k}": v for k, v in ckpt.weights.items() if not k.startswith(PRETRAINING_HEADS)}
     vocab = ckpt.vocabs[0]
     tokenizer = BertTokenizer("sentencepiece", vocab.model_bytes, str(path))
     return InitSource(_with_dropout(ckpt.cfg.model, cfg), len(vocab), tokenizer, weights, f"tcli BERT {path}")
@@ -216,27 +214,17 @@ def _hf_encoder_weights(folder: Path, encoder: BertModelConfig, vocab_size: int)
     import torch
 
     from transformer_cli.checkpoint import check_weights
-    from transformer_cli.hf import _LAYER, _LAYER_NAMES, _NAMES
+    from transformer_cli.hf import from_hf_state_dict
 
     raw = _read_hf_weights(folder)
     hf: dict[str, Tensor] = {}
     for name, tensor in raw.items():  # BertModel saves without the "bert." prefix; old files use gamma/beta
         name = name if name.startswith(("bert.", "cls.")) else f"bert.{name}"
         hf[name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")] = tensor
-    wanted = {ours: theirs for ours, theirs in _NAMES.items() if not ours.startswith(_HEADS)}
-    out: dict[str, Tensor] = {}
     try:
-        for ours, theirs in wanted.items():
-            out[f"bert.{ours}"] = hf[theirs]
-        for i in range(encoder.layers):
-            prefix, theirs = f"bert.encoder.{i}.", _LAYER.format(i=i)
-            for kind in ("weight", "bias"):
-                parts = [hf[f"{theirs}attention.self.{p}.{kind}"] for p in ("query", "key", "value")]
-                out[f"{prefix}self_attn.qkv_proj.{kind}"] = torch.cat(parts, 0)
-                for ours, hf_name in _LAYER_NAMES.items():
-                    out[f"{prefix}{ours}.{kind}"] = hf[f"{theirs}{hf_name}.{kind}"]
-    except KeyError as e:
-        raise UserError(f"model.init {folder}: the weights lack {e.args[0]}; not a BERT model") from None
+        out = {f"bert.{k}": v for k, v in from_hf_state_dict(hf, encoder.layers, heads=False).items()}
+    except UserError as e:
+        raise UserError(f"model.init {folder}: {e}") from None
     from transformer_cli.models.bert import Bert
 
     with torch.device("meta"):

@@ -28,6 +28,7 @@ from transformer_cli.vocab import Vocab
 class TranslationTask:
     kind = "translation"
     throughput_key = "tgt_tokens_per_sec"
+    examples_key = None
     evaluate_each_epoch = False
 
     def __init__(

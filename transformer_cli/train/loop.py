@@ -42,6 +42,7 @@ class Task(Protocol):
     kind: str  # "translation" | "bert": stored in checkpoints
     model: nn.Module
     throughput_key: str  # name of the tokens/s field in train events
+    examples_key: str | None  # name of the examples/s field (sequences per second) in train events, if any
     best_metric: str  # eval key that selects best.pt
     best_mode: str  # "max" or "min"
     # Also evaluate (and save a step checkpoint) at the end of every epoch, besides every train.eval_every
@@ -77,6 +78,7 @@ class _Interval:
 
     sums: dict[str, list] = field(default_factory=dict)
     tokens: int = 0
+    rows: int = 0  # sequences (examples) trained on
     seconds: float = 0.0
     grad_norm: Tensor | None = None
     steps: int = 0
@@ -88,10 +90,11 @@ class _Interval:
             entry[0] = entry[0] + total
             entry[1] += count
 
-    def record(self, grad_norm: Tensor, tokens: int, seconds: float) -> None:
+    def record(self, grad_norm: Tensor, tokens: int, rows: int, seconds: float) -> None:
         self.grad_norm = grad_norm if self.grad_norm is None else self.grad_norm + grad_norm
         self.steps += 1
         self.tokens += tokens
+        self.rows += rows
         self.seconds += seconds
 
 
@@ -316,7 +319,8 @@ class Trainer:
                         state.step += 1
                         self._check_finite(finite)
                         state.batch_in_epoch += len(batches)
-                        interval.record(grad_norm, sum(b.throughput_tokens for b in batches), time.perf_counter() - t0)
+                        tokens, rows = sum(b.throughput_tokens for b in batches), sum(b.rows for b in batches)
+                        interval.record(grad_norm, tokens, rows, time.perf_counter() - t0)
                         bar.update(1)
                         if state.step % cfg.log_every == 0:
                             self._log_train(interval, bar)
@@ -538,7 +542,11 @@ class Trainer:
         averages = {k: flat[2 * j] / max(flat[2 * j + 1], 1) for j, k in enumerate(keys)}
         fields = self.task.summarize(averages)
         self.state.train_seconds += interval.seconds
-        tps = interval.tokens / interval.seconds if interval.seconds > 0 else 0.0
+        seconds = interval.seconds if interval.seconds > 0 else float("inf")
+        tps = interval.tokens / seconds
+        examples = {}
+        if self.task.examples_key is not None:
+            examples[self.task.examples_key] = round(interval.rows / seconds, 1)
         lr = self.optimizer.param_groups[0]["lr"]
         grad_norm = float(interval.grad_norm) / max(interval.steps, 1)
         self.metrics.log(
@@ -549,6 +557,7 @@ class Trainer:
             lr=lr,
             grad_norm=grad_norm,
             **{self.task.throughput_key: round(tps, 1)},
+            **examples,
             data_wait_s=round(interval.data_wait, 4),
             rss_mb=round(resident_mb(), 1),
         )

@@ -1,0 +1,211 @@
+"""tcli finetune against the Hugging Face peer (../shared/peers/peer_hf_finetune.py), from the same BERT.
+
+Both start from one Hugging Face folder: `--checkpoint` (a tcli BERT checkpoint, exported here with
+`tcli export-hf`) or `--hf` (a folder already exported). Both use its tokenizer, batch 32, AdamW with weight
+decay 0.01, 10% linear warmup then linear decay, max length 128, gradient clipping at 1.0, and the same
+precision (`--precision`, default fp32).
+
+  speed   (default) examples/s over `--steps` updates of each `--tasks` task, alternating ours and the
+          peer `--rounds` times: ours pads each length-bucketed batch to its longest member; the peer pads
+          its random batches to their longest member, and again with `--pad-to-max` (run_glue.py's default).
+          Ours: the median of the train events' examples_per_sec after the first (warm-up) interval, data
+          loading included; the peer's: 32 / its median step time, tokenisation excluded.
+  parity  `--epochs` over each task with `--seeds` seeds, both tools; the median over the seeds of each dev
+          metric after the last update, and the difference in points.
+
+  python scripts/finetune_benchmark.py --checkpoint runs/bert-gb/checkpoints/last.pt --data ../shared/data/glue
+  python scripts/finetune_benchmark.py --hf runs/hf --mode parity --tasks sst2,mrpc,stsb,rte,cola --seeds 3
+
+Prints one JSON object (and a Markdown table to stderr); `--out` keeps the runs (default: a temporary folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from transformer_cli.datasets.labeled import GLUE_TASKS
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER = ROOT.parent / "shared" / "peers" / "peer_hf_finetune.py"
+# GLUE task key -> (folder, the metrics both tools report)
+TASKS = {
+    "cola": ("CoLA", ("mcc",)),
+    "sst2": ("SST-2", ("accuracy",)),
+    "mrpc": ("MRPC", ("f1", "accuracy")),
+    "stsb": ("STS-B", ("pearson", "spearman")),
+    "rte": ("RTE", ("accuracy",)),
+    "wnli": ("WNLI", ("accuracy",)),
+}
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-3000:]}")
+    return result
+
+
+def tcli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "transformer_cli", *args]
+
+
+def ours(hf: Path, task: str, a: argparse.Namespace, out: Path, seed: int, steps: int | None) -> dict:
+    """One `tcli finetune` run from the HF folder: examples/s (median after the first interval) and the dev
+    metrics of its last evaluation (after the last update)."""
+    length = ["train.max_steps=" + str(steps), "train.max_epochs=null"] if steps else [f"train.max_epochs={a.epochs}"]
+    log_every = max(1, steps // 5) if steps else 50
+    sets = [
+        f"task.glue={TASKS[task][0]}",
+        f"data.dir={a.data}",
+        "data.max_seq_len=128",
+        f"model.init={hf}",
+        "train.batch_size=32",
+        f"train.lr={a.lr}",
+        "train.warmup_ratio=0.1",
+        "train.weight_decay=0.01",
+        f"train.precision={a.precision}",
+        f"train.seed={seed}",
+        f"train.log_every={log_every}",
+        "train.eval_every=1000000",  # dev evaluation at the epoch ends (and the run's end) only
+        *length,
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    config = out.parent / f"{out.name}.yaml"  # every setting comes as --set; the file holds the task's kind
+    config.write_text(f"task: {{kind: {GLUE_TASKS[task].kind}}}\n")
+    run(
+        tcli(
+            "finetune", "--config", str(config), "--out", str(out), "--quiet", *[x for s in sets for x in ("--set", s)]
+        )
+    )
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    speeds = [e["examples_per_sec"] for e in events if e["event"] == "train"]
+    last = [e for e in events if e["event"] == "eval"][-1]
+    return {
+        "examples_per_sec": statistics.median(speeds[1:] or speeds),
+        "dev": {k: last[k] for k in TASKS[task][1]},
+    }
+
+
+def peer(hf: Path, task: str, a: argparse.Namespace, seed: int, steps: int | None, pad_to_max: bool = False) -> dict:
+    cmd = [sys.executable, str(PEER), "--model", str(hf), "--task", task, "--data", str(a.data), "--lr", str(a.lr)]
+    cmd += ["--dtype", a.precision, "--seed", str(seed), "--batch", "32", "--max-len", "128"]
+    cmd += ["--steps", str(steps)] if steps else ["--epochs", str(a.epochs)]
+    cmd += ["--pad-to-max"] if pad_to_max else []
+    result = json.loads(run(cmd).stdout.strip().splitlines()[-1])
+    return {"examples_per_sec": result["examples_per_sec"], "dev": {k: result["dev"][k] for k in TASKS[task][1]}}
+
+
+def speed(hf: Path, a: argparse.Namespace, work: Path) -> dict:
+    out = {}
+    for task in a.tasks:
+        rows: dict[str, list[float]] = {"ours": [], "peer": [], "peer_pad_to_max": []}
+        for r in range(a.rounds):
+            rows["ours"].append(ours(hf, task, a, work / f"speed-{task}-{r}", 1, a.steps)["examples_per_sec"])
+            rows["peer"].append(peer(hf, task, a, 1, a.steps)["examples_per_sec"])
+            rows["peer_pad_to_max"].append(peer(hf, task, a, 1, a.steps, pad_to_max=True)["examples_per_sec"])
+            print(f"{task} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rows.items()), file=sys.stderr)
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        out[task] = {
+            **{f"{k}_median": v for k, v in med.items()},
+            "vs_peer": med["ours"] / med["peer"],
+            "vs_peer_pad_to_max": med["ours"] / med["peer_pad_to_max"],
+            "rounds": rows,
+        }
+    return out
+
+
+def parity(hf: Path, a: argparse.Namespace, work: Path) -> dict:
+    out = {}
+    for task in a.tasks:
+        runs: dict[str, list[dict]] = {"ours": [], "peer": []}
+        for s in range(a.seeds):
+            runs["ours"].append(ours(hf, task, a, work / f"parity-{task}-{s}", s + 1, None)["dev"])
+            runs["peer"].append(peer(hf, task, a, s + 1, None)["dev"])
+            print(f"{task} seed {s + 1}: ours {runs['ours'][-1]}, peer {runs['peer'][-1]}", file=sys.stderr)
+        med = {
+            tool: {k: statistics.median(r[k] for r in results) for k in TASKS[task][1]}
+            for tool, results in runs.items()
+        }
+        diff = {k: 100 * (med["ours"][k] - med["peer"][k]) for k in TASKS[task][1]}
+        out[task] = {"median": med, "difference_points": diff, "runs": runs}
+    return out
+
+
+def cpu_name() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line for line in text.splitlines() if line.startswith("flags")), "").split())
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({os.cpu_count()} CPUs; {' '.join(isa) or 'no AVX2'})"
+
+
+def table(r: dict) -> str:
+    lines = []
+    if r["mode"] == "speed":
+        lines += ["| task | ours ex/s | peer ex/s (longest) | ratio | peer ex/s (pad to 128) | ratio |"]
+        lines += ["|---|---|---|---|---|---|"]
+        for task, t in r["results"].items():
+            lines.append(
+                f"| {task} | {t['ours_median']:.1f} | {t['peer_median']:.1f} | {t['vs_peer']:.2f}× | "
+                f"{t['peer_pad_to_max_median']:.1f} | {t['vs_peer_pad_to_max']:.2f}× |"
+            )
+    else:
+        lines += ["| task | metric | ours (median) | peer (median) | difference (points) |", "|---|---|---|---|---|"]
+        for task, t in r["results"].items():
+            for k, d in t["difference_points"].items():
+                lines.append(
+                    f"| {task} | {k} | {100 * t['median']['ours'][k]:.2f} | "
+                    f"{100 * t['median']['peer'][k]:.2f} | {d:+.2f} |"
+                )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    start = p.add_mutually_exclusive_group(required=True)
+    start.add_argument("--checkpoint", type=Path, help="a tcli BERT checkpoint (exported here with tcli export-hf)")
+    start.add_argument("--hf", type=Path, help="a Hugging Face BERT folder with its tokenizer")
+    p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "glue", help="GLUE folders")
+    p.add_argument("--mode", choices=("speed", "parity"), default="speed")
+    p.add_argument("--tasks", default="sst2,mrpc", help="comma-separated: " + ",".join(TASKS))
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--steps", type=int, default=60, help="speed: updates per run")
+    p.add_argument("--rounds", type=int, default=2, help="speed: alternating rounds")
+    p.add_argument("--epochs", type=int, default=3, help="parity: epochs per run")
+    p.add_argument("--seeds", type=int, default=3, help="parity: seeds per task and tool")
+    p.add_argument("--out", type=Path, help="keep the runs here")
+    a = p.parse_args()
+    a.tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
+    unknown = [t for t in a.tasks if t not in TASKS]
+    if unknown:
+        p.error(f"unknown task {unknown[0]!r}; choose from {', '.join(TASKS)}")
+    if not PEER.is_file():
+        p.error(f"no peer at {PEER}")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = a.out or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        hf = a.hf
+        if hf is None:
+            hf = work / "hf"
+            run(tcli("export-hf", "--checkpoint", str(a.checkpoint), "--out", str(hf), "--force"))
+        results = (speed if a.mode == "speed" else parity)(hf.resolve(), a, work)
+    report = {"mode": a.mode, "cpu": cpu_name(), "precision": a.precision, "lr": a.lr, "results": results}
+    report |= {"steps": a.steps, "rounds": a.rounds} if a.mode == "speed" else {"epochs": a.epochs, "seeds": a.seeds}
+    print(f"{report['cpu']}, {a.precision}\n{table(report)}", file=sys.stderr)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
