@@ -274,7 +274,9 @@ def test_tagging_on_conll_first_pieces_and_word_tag_output(tmp_path):
     )
     result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"))
     assert result.exit_code == 0, result.output
-    assert {"entity_f1", "entity_precision", "entity_recall", "score"} <= set(events(tmp_path / "run", "eval")[-1])
+    last = events(tmp_path / "run", "eval")[-1]
+    assert {"entity_f1", "entity_precision", "entity_recall", "score"} <= set(last)
+    assert last["score"] == last["entity_f1"]  # best.pt by entity F1; precision and recall are reported beside it
     best = tmp_path / "run" / "checkpoints" / "last.pt"
     result = CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "--device", "cpu"], input="the cat sat\n")
     assert result.exit_code == 0, result.output

@@ -229,3 +229,9 @@ def test_glue_score_rejects_unknown_rows_and_missing_metrics():
     with pytest.raises(ValueError):
         tm.glue_score({})
     assert not math.isnan(tm.glue_score({"rte": {"accuracy": 0.6}}))
+
+
+def test_a_tagging_score_is_the_entity_f1_and_a_two_metric_task_the_mean():
+    tagged = {"entity_f1": 0.5, "entity_precision": 0.25, "entity_recall": 1.0}
+    assert tm.main_value(tagged, ["entity_f1", "entity_precision", "entity_recall"]) == 0.5
+    assert tm.main_value({"f1": 0.8, "accuracy": 0.6}, ["f1", "accuracy"]) == pytest.approx(0.7)

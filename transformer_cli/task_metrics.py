@@ -189,8 +189,15 @@ def compute(metrics: Sequence[str], pred: Sequence, gold: Sequence) -> dict[str,
     return out
 
 
+# Reported beside the F1 they make up, not counted in a task's score again (NER is judged by entity F1).
+NOT_SCORED = ("entity_precision", "entity_recall")
+
+
 def main_value(metrics_dict: dict[str, float], names: Sequence[str]) -> float:
-    """A task's score: the mean of its metrics `names` (GLUE counts a two-metric task, like MRPC, as their mean)."""
+    """A task's score: the mean of its metrics `names` (GLUE counts a two-metric task, like MRPC, as their mean),
+    leaving out precision and recall where their F1 is among them."""
+    if "entity_f1" in names:
+        names = [n for n in names if n not in NOT_SCORED]
     missing = [n for n in names if n not in metrics_dict]
     if not names or missing:
         raise ValueError(f"no value for metric {missing[0] if missing else '(none named)'!r} in {sorted(metrics_dict)}")
