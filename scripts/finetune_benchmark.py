@@ -23,47 +23,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from transformer_cli.datasets.labeled import GLUE_TASKS
 
-ROOT = Path(__file__).resolve().parents[1]
-PEER = ROOT.parent / "shared" / "peers" / "peer_hf_finetune.py"
-# GLUE task key -> (folder, the metrics both tools report)
-TASKS = {
-    "cola": ("CoLA", ("mcc",)),
-    "sst2": ("SST-2", ("accuracy",)),
-    "mrpc": ("MRPC", ("f1", "accuracy")),
-    "stsb": ("STS-B", ("pearson", "spearman")),
-    "rte": ("RTE", ("accuracy",)),
-    "wnli": ("WNLI", ("accuracy",)),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # as when run as a script: its sibling imports by name
+from benchmark import PEERS, SHARED, events, machine, overrides, peer, run, steady, tcli  # noqa: E402
 
-
-def run(cmd: list[str]) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-3000:]}")
-    return result
-
-
-def tcli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "transformer_cli", *args]
+PEER = "peer_hf_finetune.py"
+TASKS = ("cola", "sst2", "mrpc", "stsb", "rte", "wnli")  # the GLUE tasks the peer reads
 
 
 def ours(hf: Path, task: str, a: argparse.Namespace, out: Path, seed: int, steps: int | None) -> dict:
-    """One `tcli finetune` run from the HF folder: examples/s (median after the first interval) and the dev
-    metrics of its last evaluation (after the last update)."""
+    """One `tcli finetune` run from the HF folder: examples/s (median after the first interval; `steps` runs
+    only) and the dev metrics of its last evaluation (after the last update)."""
     length = ["train.max_steps=" + str(steps), "train.max_epochs=null"] if steps else [f"train.max_epochs={a.epochs}"]
     log_every = max(1, steps // 5) if steps else 50
     sets = [
-        f"task.glue={TASKS[task][0]}",
+        f"task.glue={GLUE_TASKS[task].folder}",
         f"data.dir={a.data}",
         "data.max_seq_len=128",
         f"model.init={hf}",
@@ -80,27 +60,22 @@ def ours(hf: Path, task: str, a: argparse.Namespace, out: Path, seed: int, steps
     out.mkdir(parents=True, exist_ok=True)
     config = out.parent / f"{out.name}.yaml"  # every setting comes as --set; the file holds the task's kind
     config.write_text(f"task: {{kind: {GLUE_TASKS[task].kind}}}\n")
-    run(
-        tcli(
-            "finetune", "--config", str(config), "--out", str(out), "--quiet", *[x for s in sets for x in ("--set", s)]
-        )
-    )
-    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    speeds = [e["examples_per_sec"] for e in events if e["event"] == "train"]
-    last = [e for e in events if e["event"] == "eval"][-1]
+    run(tcli("finetune", "--config", str(config), "--out", str(out), "--quiet", *overrides(sets)))
+    last = events(out, "eval")[-1]
+    speed = steady(out, "examples_per_sec") if steps else None  # parity runs may log no interval to read
+    return {"examples_per_sec": speed, "dev": {k: last[k] for k in GLUE_TASKS[task].metrics}}
+
+
+def theirs(hf: Path, task: str, a: argparse.Namespace, seed: int, steps: int | None, pad_to_max: bool = False) -> dict:
+    args = ["--model", str(hf), "--task", task, "--data", str(a.data), "--lr", str(a.lr), "--dtype", a.precision]
+    args += ["--seed", str(seed), "--batch", "32", "--max-len", "128"]
+    args += ["--steps", str(steps)] if steps else ["--epochs", str(a.epochs)]
+    args += ["--pad-to-max"] if pad_to_max else []
+    result = peer(PEER, *args)
     return {
-        "examples_per_sec": statistics.median(speeds[1:] or speeds),
-        "dev": {k: last[k] for k in TASKS[task][1]},
+        "examples_per_sec": result["examples_per_sec"],
+        "dev": {k: result["dev"][k] for k in GLUE_TASKS[task].metrics},
     }
-
-
-def peer(hf: Path, task: str, a: argparse.Namespace, seed: int, steps: int | None, pad_to_max: bool = False) -> dict:
-    cmd = [sys.executable, str(PEER), "--model", str(hf), "--task", task, "--data", str(a.data), "--lr", str(a.lr)]
-    cmd += ["--dtype", a.precision, "--seed", str(seed), "--batch", "32", "--max-len", "128"]
-    cmd += ["--steps", str(steps)] if steps else ["--epochs", str(a.epochs)]
-    cmd += ["--pad-to-max"] if pad_to_max else []
-    result = json.loads(run(cmd).stdout.strip().splitlines()[-1])
-    return {"examples_per_sec": result["examples_per_sec"], "dev": {k: result["dev"][k] for k in TASKS[task][1]}}
 
 
 def speed(hf: Path, a: argparse.Namespace, work: Path) -> dict:
@@ -109,8 +84,8 @@ def speed(hf: Path, a: argparse.Namespace, work: Path) -> dict:
         rows: dict[str, list[float]] = {"ours": [], "peer": [], "peer_pad_to_max": []}
         for r in range(a.rounds):
             rows["ours"].append(ours(hf, task, a, work / f"speed-{task}-{r}", 1, a.steps)["examples_per_sec"])
-            rows["peer"].append(peer(hf, task, a, 1, a.steps)["examples_per_sec"])
-            rows["peer_pad_to_max"].append(peer(hf, task, a, 1, a.steps, pad_to_max=True)["examples_per_sec"])
+            rows["peer"].append(theirs(hf, task, a, 1, a.steps)["examples_per_sec"])
+            rows["peer_pad_to_max"].append(theirs(hf, task, a, 1, a.steps, pad_to_max=True)["examples_per_sec"])
             print(f"{task} round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rows.items()), file=sys.stderr)
         med = {k: statistics.median(v) for k, v in rows.items()}
         out[task] = {
@@ -128,26 +103,15 @@ def parity(hf: Path, a: argparse.Namespace, work: Path) -> dict:
         runs: dict[str, list[dict]] = {"ours": [], "peer": []}
         for s in range(a.seeds):
             runs["ours"].append(ours(hf, task, a, work / f"parity-{task}-{s}", s + 1, None)["dev"])
-            runs["peer"].append(peer(hf, task, a, s + 1, None)["dev"])
+            runs["peer"].append(theirs(hf, task, a, s + 1, None)["dev"])
             print(f"{task} seed {s + 1}: ours {runs['ours'][-1]}, peer {runs['peer'][-1]}", file=sys.stderr)
         med = {
-            tool: {k: statistics.median(r[k] for r in results) for k in TASKS[task][1]}
+            tool: {k: statistics.median(r[k] for r in results) for k in GLUE_TASKS[task].metrics}
             for tool, results in runs.items()
         }
-        diff = {k: 100 * (med["ours"][k] - med["peer"][k]) for k in TASKS[task][1]}
+        diff = {k: 100 * (med["ours"][k] - med["peer"][k]) for k in GLUE_TASKS[task].metrics}
         out[task] = {"median": med, "difference_points": diff, "runs": runs}
     return out
-
-
-def cpu_name() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
-    flags = set(next((line for line in text.splitlines() if line.startswith("flags")), "").split())
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{name} ({os.cpu_count()} CPUs; {' '.join(isa) or 'no AVX2'})"
 
 
 def table(r: dict) -> str:
@@ -176,7 +140,7 @@ def main() -> None:
     start = p.add_mutually_exclusive_group(required=True)
     start.add_argument("--checkpoint", type=Path, help="a tcli BERT checkpoint (exported here with tcli export-hf)")
     start.add_argument("--hf", type=Path, help="a Hugging Face BERT folder with its tokenizer")
-    p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "glue", help="GLUE folders")
+    p.add_argument("--data", type=Path, default=SHARED / "data" / "glue", help="GLUE folders")
     p.add_argument("--mode", choices=("speed", "parity"), default="speed")
     p.add_argument("--tasks", default="sst2,mrpc", help="comma-separated: " + ",".join(TASKS))
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
@@ -191,8 +155,8 @@ def main() -> None:
     unknown = [t for t in a.tasks if t not in TASKS]
     if unknown:
         p.error(f"unknown task {unknown[0]!r}; choose from {', '.join(TASKS)}")
-    if not PEER.is_file():
-        p.error(f"no peer at {PEER}")
+    if not (PEERS / PEER).is_file():
+        p.error(f"no peer at {PEERS / PEER}")
     with tempfile.TemporaryDirectory() as tmp:
         work = a.out or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -201,7 +165,7 @@ def main() -> None:
             hf = work / "hf"
             run(tcli("export-hf", "--checkpoint", str(a.checkpoint), "--out", str(hf), "--force"))
         results = (speed if a.mode == "speed" else parity)(hf.resolve(), a, work)
-    report = {"mode": a.mode, "cpu": cpu_name(), "precision": a.precision, "lr": a.lr, "results": results}
+    report = {"mode": a.mode, "cpu": machine()["key"], "precision": a.precision, "lr": a.lr, "results": results}
     report |= {"steps": a.steps, "rounds": a.rounds} if a.mode == "speed" else {"epochs": a.epochs, "seeds": a.seeds}
     print(f"{report['cpu']}, {a.precision}\n{table(report)}", file=sys.stderr)
     print(json.dumps(report))
