@@ -146,15 +146,44 @@ def _write_json(data: dict, path: Path) -> None:
     write_atomic((json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8"), path)
 
 
+def _tokenizer_json(vocab: Vocab, where: Path) -> dict:
+    """tokenizer.json of a tcli sentencepiece vocabulary."""
+    from transformer_cli.export.hf_tokenizer import tokenizer_json
+
+    try:
+        return tokenizer_json(vocab)
+    except ValueError as e:
+        raise UserError(f"{where}: its vocabulary cannot be written as a HF tokenizer: {e}") from None
+
+
+def _write_hf_folder(
+    out_dir: Path, weights: dict[str, Tensor], config: dict, tokenizer: dict, max_len: int, spiece: bytes | None
+) -> None:
+    """An HF model folder, its files written whole or not at all (export/folders.write_staged): model.safetensors,
+    config.json, the tokenizer files, and spiece.model where the tokenizer is tcli's sentencepiece vocabulary."""
+    from safetensors.torch import save as save_safetensors
+
+    from transformer_cli.export.folders import write_staged
+    from transformer_cli.export.hf_tokenizer import special_tokens_map, tokenizer_config
+
+    def write(folder: Path) -> None:
+        write_atomic(save_safetensors(weights, metadata={"format": "pt"}), folder / "model.safetensors")
+        _write_json(config, folder / "config.json")
+        if spiece is not None:
+            write_atomic(spiece, folder / "spiece.model")
+        _write_json(tokenizer, folder / "tokenizer.json")
+        _write_json(tokenizer_config(max_len), folder / "tokenizer_config.json")
+        _write_json(special_tokens_map(), folder / "special_tokens_map.json")
+
+    write_staged(out_dir, write)
+
+
 def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
     """Write config.json, model.safetensors, spiece.model and the fast-tokenizer files for a BERT checkpoint.
 
     A non-empty `out_dir` is refused unless `force`, which first removes every HF model/tokenizer file there.
     """
-    from safetensors.torch import save as save_safetensors
-
-    from transformer_cli.export.folders import prepare_folder, write_staged
-    from transformer_cli.export.hf_tokenizer import special_tokens_map, tokenizer_config, tokenizer_json
+    from transformer_cli.export.folders import prepare_folder
 
     ckpt = read_checkpoint(checkpoint)
     if ckpt.kind == "finetune":  # BertForSequenceClassification / BertForTokenClassification
@@ -163,22 +192,11 @@ def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
         raise UserError(f"{checkpoint} holds a {ckpt.kind} model, not a bert model")
     cfg, (vocab,) = ckpt.cfg, ckpt.vocabs
     model = ckpt.build_model()  # validates every tensor's name, shape and finiteness
-    try:
-        tokenizer = tokenizer_json(vocab)
-    except ValueError as e:
-        raise UserError(f"{checkpoint}: its vocabulary cannot be written as a HF tokenizer: {e}") from None
+    tokenizer = _tokenizer_json(vocab, checkpoint)
     prepare_folder(out_dir, force, HF_FILES + HF_SHARDS, "HF model and tokenizer")
     weights = to_hf_state_dict(model.state_dict(), cfg.model.layers)
-
-    def write(folder: Path) -> None:
-        write_atomic(save_safetensors(weights, metadata={"format": "pt"}), folder / "model.safetensors")
-        _write_json(hf_config(cfg.model, len(vocab)), folder / "config.json")
-        write_atomic(vocab.model_bytes, folder / "spiece.model")
-        _write_json(tokenizer, folder / "tokenizer.json")
-        _write_json(tokenizer_config(cfg.model.max_positions), folder / "tokenizer_config.json")
-        _write_json(special_tokens_map(), folder / "special_tokens_map.json")
-
-    write_staged(out_dir, write)
+    config = hf_config(cfg.model, len(vocab))
+    _write_hf_folder(out_dir, weights, config, tokenizer, cfg.model.max_positions, vocab.model_bytes)
     return out_dir
 
 
@@ -188,21 +206,13 @@ def export_finetuned(ckpt: Checkpoint, out_dir: Path, force: bool = False) -> Pa
     label2id, model.safetensors, and the run's tokenizer (its tokenizer.json from an HF starting model, or the
     one derived from the tcli sentencepiece vocabulary, with spiece.model), so that transformers' pipelines
     answer with tcli's labels and logits."""
-    from safetensors.torch import save as save_safetensors
-
-    from transformer_cli.export.folders import prepare_folder, write_staged
-    from transformer_cli.export.hf_tokenizer import special_tokens_map, tokenizer_config, tokenizer_json
+    from transformer_cli.export.folders import prepare_folder
 
     meta = ckpt.finetune
     model = ckpt.build_model()  # validates every tensor's name, shape and finiteness
     tok = meta.tokenizer
-    if tok.kind == "sentencepiece":
-        try:
-            tokenizer = tokenizer_json(tok.vocab)
-        except ValueError as e:
-            raise UserError(f"{ckpt.path}: its vocabulary cannot be written as a HF tokenizer: {e}") from None
-    else:
-        tokenizer = json.loads(tok.data.decode("utf-8"))
+    spiece = tok.data if tok.kind == "sentencepiece" else None
+    tokenizer = _tokenizer_json(tok.vocab, ckpt.path) if spiece is not None else json.loads(tok.data.decode("utf-8"))
     prepare_folder(out_dir, force, HF_FILES + HF_SHARDS, "HF model and tokenizer")
     state = model.state_dict()
     encoder = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
@@ -211,17 +221,7 @@ def export_finetuned(ckpt: Checkpoint, out_dir: Path, force: bool = False) -> Pa
         weights = {k: v for k, v in weights.items() if not k.startswith("bert.pooler.")}
     for name in ("classifier.weight", "classifier.bias"):
         weights[name] = state[name].detach().contiguous().clone()
-
-    def write(folder: Path) -> None:
-        write_atomic(save_safetensors(weights, metadata={"format": "pt"}), folder / "model.safetensors")
-        _write_json(classifier_config(meta), folder / "config.json")
-        if tok.kind == "sentencepiece":
-            write_atomic(tok.data, folder / "spiece.model")
-        _write_json(tokenizer, folder / "tokenizer.json")
-        _write_json(tokenizer_config(meta.max_seq_len), folder / "tokenizer_config.json")
-        _write_json(special_tokens_map(), folder / "special_tokens_map.json")
-
-    write_staged(out_dir, write)
+    _write_hf_folder(out_dir, weights, classifier_config(meta), tokenizer, meta.max_seq_len, spiece)
     return out_dir
 
 
