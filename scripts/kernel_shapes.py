@@ -132,6 +132,7 @@ def window(warm_up, measured) -> dict:
         "new": summary(shapes.new),
         "new_shapes": sorted(shapes.new),
         "onednn_created": created["created"],
+        "onednn_misses": created["misses"],
     }
 
 

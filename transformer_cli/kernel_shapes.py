@@ -30,11 +30,21 @@ _GEMMS = {
     # Under inference mode composite ops reach a dispatch mode undecomposed.
     _aten.linear.default: "linear",
     _aten.matmul.default: "matmul",
+    _aten.scaled_dot_product_attention.default: "sdpa",
 }
 
 
+def _keys(name: str, args: tuple) -> list[tuple]:
+    """(op, batch, M, N, K, dtype) of each GEMM of a call, as the library below torch would see it."""
+    if name == "sdpa":  # the math kernel's two products: q (.., T, d_k) k^T -> (.., T, S), then (.., T, S) v
+        q, k = args[0], args[1]
+        batch, T, S, d_k = q.numel() // (q.size(-2) * q.size(-1)), q.size(-2), k.size(-2), q.size(-1)
+        return [("bmm", batch, T, S, d_k, q.dtype), ("bmm", batch, T, d_k, S, q.dtype)]
+    return [_key(name, args)]
+
+
 def _key(name: str, args: tuple) -> tuple:
-    """(op, batch, M, N, K, dtype) of a GEMM call, as the library below torch would see it."""
+    """(op, batch, M, N, K, dtype) of one GEMM call."""
     if name == "linear":  # input (..., K), weight (N, K): one (M, K) x (K, N) product
         x, w = args[0], args[1]
         return (
@@ -70,8 +80,7 @@ class GemmShapes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = _GEMMS.get(func)
-        if name is not None:
-            key = _key(name, args)
+        for key in _keys(name, args) if name is not None else ():
             key = (*key[:5], str(key[5]).removeprefix("torch."))
             if key not in self.seen:
                 self.seen.add(key)
@@ -92,14 +101,14 @@ def onednn_creations() -> Iterator[dict[str, int]]:
     """Counts oneDNN primitive creations (`create:cache_miss` verbose lines) while active, into the yielded
     dict's "created" (and all "create:" lines into "create_lines"). oneDNN writes its verbose lines to the
     process's stdout: that file descriptor is sent to a temporary file for the duration."""
-    counts = {"created": 0, "create_lines": 0}
+    counts: dict = {"created": 0, "create_lines": 0, "misses": []}
     libc = ctypes.CDLL(None)
     with tempfile.TemporaryFile(mode="w+b") as sink:
         libc.fflush(None)
         saved = os.dup(1)
         os.dup2(sink.fileno(), 1)
         try:
-            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON_CREATION):
                 yield counts
         finally:
             libc.fflush(None)
@@ -109,4 +118,6 @@ def onednn_creations() -> Iterator[dict[str, int]]:
             for line in sink.read().decode("utf-8", "replace").splitlines():
                 if "create:" in line:
                     counts["create_lines"] += 1
-                    counts["created"] += "create:cache_miss" in line
+                    if "create:cache_miss" in line:
+                        counts["created"] += 1
+                        counts["misses"].append(line)

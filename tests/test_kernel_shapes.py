@@ -1,0 +1,70 @@
+"""The matmul shapes a workload brings after warm-up (transformer_cli.kernel_shapes), and oneDNN's kernel count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_cli.decode import BEAM_STEPS, DecodeOptions, decode_corpus
+from transformer_cli.kernel_shapes import GemmShapes, onednn_creations
+from transformer_cli.models.buckets import buckets_upto
+from transformer_cli.models.transformer import Transformer
+
+BOS, EOS = 2, 3
+
+
+def test_gemm_shapes_record_linear_matmul_and_attention_in_inference_mode():
+    x, w = torch.randn(6, 5, 8), torch.randn(12, 8)
+    q = torch.randn(2, 4, 7, 16)
+    with torch.inference_mode(), GemmShapes() as shapes:  # composite ops arrive undecomposed here
+        F.linear(x, w)
+        F.scaled_dot_product_attention(q, q[:, :, :3], q[:, :, :3])
+        shapes.mark()
+        F.linear(x, w)  # seen: not new
+        torch.matmul(q, q.transpose(-2, -1))
+    assert ("mm", 1, 30, 12, 8, "float32") in shapes.seen
+    assert {("bmm", 8, 7, 3, 16, "float32"), ("bmm", 8, 7, 16, 3, "float32")} <= shapes.seen  # q k^T, then p v
+    assert shapes.new == {("bmm", 8, 7, 7, 16, "float32")}
+
+
+def _lengths(n: int, rng: np.random.Generator) -> list[int]:
+    return np.clip(rng.lognormal(np.log(12.0), 0.35, n).round(), 8, 60).astype(int).tolist()  # widths > beam
+
+
+def test_beam_search_decodes_in_a_few_row_counts():
+    """As sentences finish, the decoding steps run on bucket(active sentences, steps=BEAM_STEPS) sentences: the
+    vocabulary projection (a decoding step's alone) sees only row counts of that set, times the beam."""
+    torch.manual_seed(0)
+    vocab = 200
+    model = Transformer(vocab, vocab, 32, 4, 64, 1, 1, dropout=0.0, max_positions=128).eval()
+    bonus = torch.Generator().manual_seed(0)  # sentences of an untrained model finish at various steps
+
+    def raise_eos(module, args, out):
+        out[:, EOS] += torch.randn(out.size(0), generator=bonus) * 4 + 2
+        return out
+
+    model.out_proj.register_forward_hook(raise_eos)
+    rng = np.random.default_rng(0)
+    opts = DecodeOptions(beam=5, max_tokens=600)
+    sources = [rng.integers(5, vocab, k).tolist() for k in _lengths(400, rng)]
+    with torch.inference_mode(), GemmShapes() as shapes:
+        decode_corpus(model, sources, opts, BOS, EOS, torch.device("cpu"))
+    rows = {s[2] for s in shapes.seen if s[0] == "mm" and s[3] == vocab}
+    allowed = {n * opts.beam for n in buckets_upto(600, steps=BEAM_STEPS)}
+    assert rows <= allowed
+    assert len(rows) > 4  # the batch did shrink through several sizes
+    assert len(allowed & set(range(1, 40 * opts.beam + 1))) < 20  # 1..40 sentences: fewer sizes than counts
+
+
+@pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="torch does not multiply bf16 through oneDNN on this CPU"
+)
+def test_onednn_creations_count_a_new_shape_once():
+    w = torch.randn(56, 72, dtype=torch.bfloat16)
+    with onednn_creations() as first:
+        F.linear(torch.randn(44, 72, dtype=torch.bfloat16), w)
+    with onednn_creations() as again:
+        F.linear(torch.randn(44, 72, dtype=torch.bfloat16), w)  # the same shape: from the kernel cache
+    assert first["created"] == 1 and again["created"] == 0
