@@ -19,6 +19,12 @@ from torch import Tensor
 from transformer_cli.models.buckets import bucket
 from transformer_cli.models.transformer import Transformer
 
+# Sizes per doubling of the active sentence count. Each count a shrinking batch passes through brings its own
+# matmul shapes (projections, and attention with every cache length and source width), compiled once each by
+# oneDNN on CPUs with bf16; 4 a doubling instead of buckets.STEPS' 8 cuts a test set's kernel creations by a
+# quarter at no measured cost in speed, 2 by half at a small one (BENCHMARKS.md, "Memory").
+BEAM_STEPS = 4
+
 
 @dataclass
 class Hypothesis:
@@ -82,13 +88,13 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the `nbest` best finished hypotheses of each sentence, best first.
 
-    With `pad_rows`, the model runs on `bucket(sentences)` sentences: copies of the last one fill the batch
-    as sentences finish and leave, so that the decoder's matmuls take a few shapes (a CPU matmul library
-    compiles a kernel per shape) instead of one per count of active sentences; the copies' outputs are
+    With `pad_rows`, the model runs on `bucket(sentences, steps=BEAM_STEPS)` sentences: copies of the last one
+    fill the batch as sentences finish and leave, so that the decoder's matmuls take a few shapes (a CPU matmul
+    library compiles a kernel per shape) instead of one per count of active sentences; the copies' outputs are
     dropped, and the search itself sees only the real rows.
     """
     K, B, device = beam, src.size(0), src.device
-    size = bucket if pad_rows else (lambda n: n)
+    size = (lambda n: bucket(n, steps=BEAM_STEPS)) if pad_rows else (lambda n: n)
     limits = max_lengths(src, model.pad_id, max_len_a, max_len_b, model.positions.size(0) - 1)  # (B,)
     memory, src_pad = model.encode(src[_filled(torch.arange(B, device=device), size(B))])
     T = int(limits.max())
