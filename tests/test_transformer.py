@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from transformer_cli.decode import beam_search, greedy_search, reference_beam_search
 from transformer_cli.models.layers import sinusoidal_positions
-from transformer_cli.models.transformer import Transformer, smoothed_cross_entropy
+from transformer_cli.models.losses import IGNORE, projected_smoothed_cross_entropy, smoothed_cross_entropy
+from transformer_cli.models.transformer import Transformer
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -201,6 +202,32 @@ def test_smoothed_cross_entropy_in_bf16_keeps_fp32_accuracy():
     assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
     out.loss.backward()
     assert logits.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("rows", [5, 600])  # one chunk; several, the last one partial
+def test_projected_loss_equals_projection_then_loss(rows):
+    """The fused vocabulary projection + loss gives the value and the gradients (rows and weight) of F.linear
+    followed by the loss; under bf16 autocast, those of the same two steps under autocast."""
+    V, d = 5000, 24
+    g = torch.Generator().manual_seed(rows)
+    h0, w0 = torch.randn(rows, d, generator=g), torch.randn(V, d, generator=g) * 0.2
+    target = torch.randint(0, V, (rows,), generator=g)
+    target[::7] = IGNORE
+    for autocast in (False, True):
+        results = []
+        for fused in (True, False):
+            h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                if fused:
+                    out = projected_smoothed_cross_entropy(h, w, target, 0.1)
+                else:
+                    out = smoothed_cross_entropy(F.linear(h, w), target, 0.1)
+            out.loss.backward()
+            assert w.grad.dtype == torch.float32
+            results.append((out.loss.detach(), out.nll, h.grad, w.grad))
+        tol = dict(atol=2e-2, rtol=2e-2) if autocast else dict(atol=1e-4, rtol=1e-5)
+        for a, b in zip(*results):
+            torch.testing.assert_close(a.float(), b.float(), **tol)
 
 
 def test_loss_ignores_padding_positions():

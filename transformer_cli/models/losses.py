@@ -13,11 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_cli.models.buckets import bucket
 
 _CHUNK_ELEMENTS = 1 << 20  # rows per chunk such that an fp32 chunk is ~4 MB: cache friendly, few Python steps
+# Rows per chunk of the fused projection: a bf16 (chunk, V) output of ~4 MB, where the vocabulary matmul ran
+# fastest (BENCHMARKS.md, "Memory").
+_PROJECTION_CHUNK_ELEMENTS = 1 << 21
 IGNORE = -100  # target of a row that carries no loss
 ROW_MULTIPLE = 64  # see gather_rows
 
@@ -31,9 +35,48 @@ class LossOutput:
     tokens: Tensor  # number of non-padding target tokens
 
 
-def _chunks(rows: int, vocab: int):
-    step = max(1, _CHUNK_ELEMENTS // vocab)
+def _chunks(rows: int, vocab: int, elements: int = _CHUNK_ELEMENTS):
+    step = max(1, elements // vocab)
     return ((start, min(start + step, rows)) for start in range(0, rows, step))
+
+
+def _softmax_chunk(x: Tensor, probs: Tensor, lse: Tensor, mean_logit: Tensor) -> None:
+    """Softmax of a chunk of logits x (c, V) into probs (c, V) (the dtype kept for backward), and each row's
+    log-sum-exp and mean logit (fp32 or wider) into lse and mean_logit (c,)."""
+    x = x.to(lse.dtype)  # (c, V); the chunk stays in cache for the passes below
+    torch.mean(x, dim=-1, out=mean_logit)
+    x_max = x.amax(-1)
+    if probs.dtype == lse.dtype:  # written in place: no chunk-sized temporary and no copy of it
+        p = torch.softmax(x, dim=-1, out=probs)
+    else:  # the fp32 softmax is cast once into the saved lower-precision one
+        p = torch.softmax(x, dim=-1)
+        probs.copy_(p)
+    # log-sum-exp from the softmax: p_max = exp(x_max - lse) >= 1/V never underflows.
+    torch.sub(x_max, p.amax(-1).log(), out=lse)
+
+
+def _losses(lse: Tensor, mean_logit: Tensor, target_logit: Tensor, valid: Tensor, epsilon: float):
+    nll = (lse - target_logit.to(lse.dtype)) * valid  # -log p(target), (M,)
+    smooth = (lse - mean_logit) * valid  # mean over the vocabulary of -log p, (M,)
+    return (1.0 - epsilon) * nll.sum() + epsilon * smooth.sum(), nll.sum()
+
+
+def _logits_gradient(ctx, probs: Tensor, target: Tensor, valid: Tensor, grad_loss: Tensor) -> Tensor:
+    """d loss / d logits = softmax - (1 - eps) * onehot(target) - eps / V on valid rows, written into the saved
+    softmax (no second vocabulary-sized tensor): so backward runs once per forward."""
+    if getattr(ctx, "consumed", False):
+        raise RuntimeError(
+            "smoothed_cross_entropy: backward turns the saved softmax into the gradient in place, "
+            "so it runs once per forward (retain_graph is not supported)"
+        )
+    ctx.consumed = True
+    eps = ctx.epsilon
+    M, V = probs.shape
+    grad = probs
+    grad.sub_(eps / V)
+    grad[torch.arange(M, device=grad.device), target] -= 1.0 - eps
+    grad.mul_((valid * grad_loss).to(grad.dtype)[:, None])
+    return grad
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -47,47 +90,69 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         mean_logit = torch.empty_like(lse)
         probs = torch.empty_like(logits)  # softmax, kept for backward in the logits' dtype
         for a, b in _chunks(M, V):
-            x = logits[a:b].to(acc)  # (c, V); the chunk stays in cache for the passes below
-            torch.mean(x, dim=-1, out=mean_logit[a:b])
-            x_max = x.amax(-1)
-            if probs.dtype == acc:  # written in place: no chunk-sized temporary and no copy of it
-                p = torch.softmax(x, dim=-1, out=probs[a:b])
-            else:  # the fp32 softmax is cast once into the saved lower-precision one
-                p = torch.softmax(x, dim=-1)
-                probs[a:b] = p
-            # log-sum-exp from the softmax: p_max = exp(x_max - lse) >= 1/V never underflows.
-            torch.sub(x_max, p.amax(-1).log(), out=lse[a:b])
-        nll = (lse - logits.gather(-1, target[:, None]).squeeze(-1).to(acc)) * valid  # -log p(target), (M,)
-        smooth = (lse - mean_logit) * valid  # mean over the vocabulary of -log p, (M,)
-        loss = (1.0 - epsilon) * nll.sum() + epsilon * smooth.sum()
+            _softmax_chunk(logits[a:b], probs[a:b], lse[a:b], mean_logit[a:b])
+        target_logit = logits.gather(-1, target[:, None]).squeeze(-1)
+        loss, nll = _losses(lse, mean_logit, target_logit, valid, epsilon)
         ctx.save_for_backward(probs, target, valid)
         ctx.epsilon = epsilon
         ctx.mark_non_differentiable(nll)
-        return loss, nll.sum()
+        return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        # d loss / d logits = softmax - (1 - eps) * onehot(target) - eps / V, on valid rows.
         probs, target, valid = ctx.saved_tensors
-        if getattr(ctx, "consumed", False):
-            raise RuntimeError(
-                "smoothed_cross_entropy: backward turns the saved softmax into the gradient in place, "
-                "so it runs once per forward (retain_graph is not supported)"
-            )
-        ctx.consumed = True
-        eps = ctx.epsilon
-        M, V = probs.shape
-        grad = probs  # in place: no second vocabulary-sized tensor
-        grad.sub_(eps / V)
-        grad[torch.arange(M, device=grad.device), target] -= 1.0 - eps
-        grad.mul_((valid * grad_loss).to(grad.dtype)[:, None])
-        return grad, None, None
+        return _logits_gradient(ctx, probs, target, valid, grad_loss), None, None
+
+
+class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
+    """The vocabulary projection fused with the loss: the logits rows @ weight^T are made a chunk of rows at a
+    time and reduced while the chunk is in cache. A (M, V) logits tensor is neither written nor read back,
+    and the projection itself runs faster in chunks whose output fits the cache (BENCHMARKS.md, "Memory")."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+        M, V = rows.size(0), weight.size(0)
+        valid = target.ne(IGNORE)
+        target = target.clamp(min=0)
+        acc = torch.promote_types(rows.dtype, torch.float32)
+        lse = torch.empty(M, dtype=acc, device=rows.device)
+        mean_logit = torch.empty_like(lse)
+        target_logit = torch.empty_like(lse)
+        probs = rows.new_empty(M, V)  # softmax, kept for backward in the rows' dtype
+        for a, b in _chunks(M, V, _PROJECTION_CHUNK_ELEMENTS):
+            logits = F.linear(rows[a:b], weight)  # (c, V)
+            _softmax_chunk(logits, probs[a:b], lse[a:b], mean_logit[a:b])
+            target_logit[a:b] = logits.gather(-1, target[a:b, None]).squeeze(-1)
+        loss, nll = _losses(lse, mean_logit, target_logit, valid, epsilon)
+        ctx.save_for_backward(rows, weight, probs, target, valid)
+        ctx.epsilon = epsilon
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
+        rows, weight, probs, target, valid = ctx.saved_tensors
+        grad = _logits_gradient(ctx, probs, target, valid, grad_loss)  # (M, V)
+        return grad @ weight, grad.t() @ rows, None, None  # (M, d), (V, d)
 
 
 def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float = 0.0) -> LossOutput:
     """Summed label-smoothed cross-entropy of logits (M, V) against target ids (M,), and the plain NLL.
     Rows whose target is IGNORE contribute nothing."""
     loss, nll = _SmoothedCrossEntropy.apply(logits, target, epsilon)
+    return LossOutput(loss=loss, nll=nll.detach(), tokens=target.ne(IGNORE).sum())
+
+
+def projected_smoothed_cross_entropy(rows: Tensor, weight: Tensor, target: Tensor, epsilon: float = 0.0) -> LossOutput:
+    """smoothed_cross_entropy(F.linear(rows, weight), target, epsilon) for rows (M, d) and an output projection
+    weight (V, d) without bias, the projection made a chunk of rows at a time inside the loss. Under autocast
+    both are cast once, as F.linear would cast them."""
+    device = rows.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        rows, weight = rows.to(dtype), weight.to(dtype)  # autograd carries the gradient back through the casts
+    with torch.autocast(device, enabled=False):
+        loss, nll = _ProjectedSmoothedCrossEntropy.apply(rows, weight, target, epsilon)
     return LossOutput(loss=loss, nll=nll.detach(), tokens=target.ne(IGNORE).sum())
 
 

@@ -20,7 +20,7 @@ from transformer_cli.models.layers import (
     scaled_embedding,
     sinusoidal_positions,
 )
-from transformer_cli.models.losses import LossOutput, gather_rows, smoothed_cross_entropy
+from transformer_cli.models.losses import LossOutput, gather_rows, projected_smoothed_cross_entropy
 
 
 @dataclass
@@ -139,7 +139,7 @@ class Transformer(nn.Module):
             return self.out_proj(hidden)
         # Project only the positions that carry a loss: padding never reaches the vocabulary matmul.
         rows, targets = gather_rows(hidden, labels, ignore=self.pad_id)  # (M, d), (M,)
-        return smoothed_cross_entropy(self.out_proj(rows), targets, label_smoothing)
+        return projected_smoothed_cross_entropy(rows, self.out_proj.weight, targets, label_smoothing)
 
     # ------------------------------------------------------------------ incremental decoding
 
