@@ -24,7 +24,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformer_cli.kernel_shapes import GemmShapes, onednn_creations, summary  # noqa: E402
+from transformer_cli.kernel_shapes import (  # noqa: E402
+    GemmShapes,
+    ending_sentences_at_random,
+    onednn_creations,
+    summary,
+)
 from transformer_cli.runtime import Runtime  # noqa: E402
 
 VOCAB, PAD, BOS, EOS = 1000, 0, 2, 3
@@ -99,15 +104,7 @@ def beam(runtime: Runtime, sentences: int) -> dict:
 
     torch.manual_seed(0)
     model = Transformer(VOCAB, VOCAB, 64, 4, 128, 2, 2, dropout=0.0).eval()
-    # An untrained model seldom ends a sentence: a random EOS bonus per hypothesis row makes sentences
-    # finish at different steps, so that the batch shrinks as it does with a trained model.
-    bonus = torch.Generator().manual_seed(0)
-
-    def raise_eos(module, args, out):
-        out[:, EOS] += torch.randn(out.size(0), generator=bonus) * 4 + 2
-        return out
-
-    model.out_proj.register_forward_hook(raise_eos)
+    ending_sentences_at_random(model, EOS)  # an untrained model seldom ends a sentence
     rng = np.random.default_rng(0)
     opts = DecodeOptions(beam=5, max_tokens=1500)
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_cli.decode import BEAM_STEPS, DecodeOptions, decode_corpus
-from transformer_cli.kernel_shapes import GemmShapes, onednn_creations
+from transformer_cli.kernel_shapes import GemmShapes, ending_sentences_at_random, onednn_creations
 from transformer_cli.models.buckets import buckets_upto
 from transformer_cli.models.transformer import Transformer
 
@@ -39,13 +39,7 @@ def test_beam_search_decodes_in_a_few_row_counts():
     torch.manual_seed(0)
     vocab = 200
     model = Transformer(vocab, vocab, 32, 4, 64, 1, 1, dropout=0.0, max_positions=128).eval()
-    bonus = torch.Generator().manual_seed(0)  # sentences of an untrained model finish at various steps
-
-    def raise_eos(module, args, out):
-        out[:, EOS] += torch.randn(out.size(0), generator=bonus) * 4 + 2
-        return out
-
-    model.out_proj.register_forward_hook(raise_eos)
+    ending_sentences_at_random(model, EOS)
     rng = np.random.default_rng(0)
     opts = DecodeOptions(beam=5, max_tokens=600)
     sources = [rng.integers(5, vocab, k).tolist() for k in _lengths(400, rng)]

@@ -121,3 +121,16 @@ def onednn_creations() -> Iterator[dict[str, int]]:
                     if "create:cache_miss" in line:
                         counts["created"] += 1
                         counts["misses"].append(line)
+
+
+def ending_sentences_at_random(model: torch.nn.Module, eos_id: int, seed: int = 0) -> None:
+    """Make an untrained translation model end its sentences at various steps, as a trained one does, so that
+    a beam-search batch shrinks: a random bonus on EOS's logit of each hypothesis row (a forward hook on the
+    output projection)."""
+    bonus = torch.Generator().manual_seed(seed)
+
+    def raise_eos(module, args, out):
+        out[:, eos_id] += torch.randn(out.size(0), generator=bonus) * 4 + 2
+        return out
+
+    model.out_proj.register_forward_hook(raise_eos)
