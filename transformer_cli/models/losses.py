@@ -19,8 +19,8 @@ from torch import Tensor
 from transformer_cli.models.buckets import bucket
 
 _CHUNK_ELEMENTS = 1 << 20  # rows per chunk such that an fp32 chunk is ~4 MB: cache friendly, few Python steps
-# Rows per chunk of the fused projection: a bf16 (chunk, V) output of ~4 MB, where the vocabulary matmul ran
-# fastest (BENCHMARKS.md, "Memory").
+# Rows per chunk of the fused projection on CPU: a bf16 (chunk, V) output of ~4 MB, where the vocabulary matmul
+# ran fastest (BENCHMARKS.md, the Intel Xeon with AMX's section). A GPU gets one chunk: small matmuls waste it.
 _PROJECTION_CHUNK_ELEMENTS = 1 << 21
 IGNORE = -100  # target of a row that carries no loss
 ROW_MULTIPLE = 64  # see gather_rows
@@ -107,7 +107,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     """The vocabulary projection fused with the loss: the logits rows @ weight^T are made a chunk of rows at a
     time and reduced while the chunk is in cache. A (M, V) logits tensor is neither written nor read back,
-    and the projection itself runs faster in chunks whose output fits the cache (BENCHMARKS.md, "Memory")."""
+    and on CPU the projection itself runs faster in chunks whose output fits the cache."""
 
     @staticmethod
     def forward(ctx, rows: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
@@ -119,7 +119,8 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
         mean_logit = torch.empty_like(lse)
         target_logit = torch.empty_like(lse)
         probs = rows.new_empty(M, V)  # softmax, kept for backward in the rows' dtype
-        for a, b in _chunks(M, V, _PROJECTION_CHUNK_ELEMENTS):
+        elements = _PROJECTION_CHUNK_ELEMENTS if rows.device.type == "cpu" else M * V
+        for a, b in _chunks(M, V, elements):
             logits = F.linear(rows[a:b], weight)  # (c, V)
             _softmax_chunk(logits, probs[a:b], lse[a:b], mean_logit[a:b])
             target_logit[a:b] = logits.gather(-1, target[a:b, None]).squeeze(-1)
