@@ -30,7 +30,7 @@ def test_gemm_shapes_record_linear_matmul_and_attention_in_inference_mode():
 
 
 def _lengths(n: int, rng: np.random.Generator) -> list[int]:
-    return np.clip(rng.lognormal(np.log(12.0), 0.35, n).round(), 8, 60).astype(int).tolist()  # widths > beam
+    return np.clip(rng.lognormal(np.log(12.0), 0.35, n).round(), 8, 60).astype(int).tolist()
 
 
 def test_beam_search_decodes_in_a_few_row_counts():

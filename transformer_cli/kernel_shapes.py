@@ -99,8 +99,9 @@ def summary(shapes: set[tuple]) -> dict[str, int]:
 @contextlib.contextmanager
 def onednn_creations() -> Iterator[dict[str, int]]:
     """Counts oneDNN primitive creations (`create:cache_miss` verbose lines) while active, into the yielded
-    dict's "created" (and all "create:" lines into "create_lines"). oneDNN writes its verbose lines to the
-    process's stdout: that file descriptor is sent to a temporary file for the duration."""
+    dict's "created" (the lines themselves into "misses", all "create:" lines into "create_lines"). oneDNN
+    writes its verbose lines to the process's stdout: that file descriptor is sent to a temporary file for the
+    duration."""
     counts: dict = {"created": 0, "create_lines": 0, "misses": []}
     libc = ctypes.CDLL(None)
     with tempfile.TemporaryFile(mode="w+b") as sink:
@@ -119,8 +120,8 @@ def onednn_creations() -> Iterator[dict[str, int]]:
                 if "create:" in line:
                     counts["create_lines"] += 1
                     if "create:cache_miss" in line:
-                        counts["created"] += 1
                         counts["misses"].append(line)
+            counts["created"] = len(counts["misses"])
 
 
 def ending_sentences_at_random(model: torch.nn.Module, eos_id: int, seed: int = 0) -> None:
