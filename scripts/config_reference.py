@@ -6,6 +6,7 @@ The README's "Config reference" section is this script's output; tests/test_docs
 
 from __future__ import annotations
 
+import types
 import typing
 
 from pydantic import BaseModel
@@ -16,6 +17,11 @@ from transformer_cli.config import BertRunConfig, FinetuneRunConfig, Translation
 def _type_name(annotation) -> str:
     if typing.get_origin(annotation) is typing.Literal:
         return " \\| ".join(str(a) for a in typing.get_args(annotation))
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and any(
+        typing.get_origin(a) is typing.Literal for a in args
+    ):  # Literal[...] | None
+        return " \\| ".join("None" if a is type(None) else _type_name(a) for a in args)
     text = getattr(annotation, "__name__", None) or str(annotation)
     return text.replace("typing.", "").replace("NoneType", "null").replace("|", "\\|")
 

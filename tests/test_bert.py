@@ -240,3 +240,24 @@ def test_hf_equivalence_of_logits(tmp_path):
     assert (nsp - ref.seq_relationship_logits).abs().max() < 1e-4
     back = from_hf_state_dict(to_hf_state_dict(ours.state_dict(), 2), 2)
     assert all(torch.equal(back[k], v) for k, v in ours.state_dict().items())
+
+
+def test_pre_norm_bert_normalises_before_each_sublayer_and_once_at_the_end():
+    """norm_first: x + Sublayer(LN(x)) in every block, then one LayerNorm; post-norm has no final norm, so its
+    parameter names (and every checkpoint written before pre-norm existed) stay as they were."""
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=60, d_model=32, layers=2, heads=4, ffn_dim=64, max_positions=64)
+    model = Bert(**sizes, dropout=0.0, attention_dropout=0.0, norm_first=True).eval()
+    for p in model.parameters():  # LayerNorm gains and biases away from 1 and 0, so that each one shows
+        torch.nn.init.normal_(p, std=0.3)
+    ids, seg, _, _ = batch(3)
+    pad_mask = ids.eq(model.pad_id)
+    x = model.embeddings(ids, seg)
+    for block in model.encoder:
+        x = x + block.self_attn(block.attn_sub.norm(x), pad_mask)
+        x = x + block.ffn(block.ffn_sub.norm(x))
+    expected = model.final_norm(x)
+    torch.testing.assert_close(model.encode(ids, seg), expected)
+    post = Bert(**sizes).state_dict()
+    assert not [k for k in post if k.startswith("final_norm")]
+    assert set(model.state_dict()) - set(post) == {"final_norm.weight", "final_norm.bias"}

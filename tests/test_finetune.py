@@ -310,3 +310,48 @@ def test_first_piece_labels():
     assert sum(x != IGNORE for x in labels) == 3
     cut = encode_tagged(tok, [words], [[1, 2, 3]], 4)  # room for 2 pieces: later words are lost, counted
     assert len(cut.ids[0]) <= 4 and cut.truncated == 1 and cut.words_lost >= 1
+
+
+def test_pre_norm_bert_fine_tunes_from_its_checkpoint_and_export_hf_refuses_it(tmp_path, sst):
+    """A pre-norm pretrained BERT starts fine-tuning with every weight it has (its final LayerNorm included),
+    the fine-tuned model keeps its norm, `init: none` builds the same shape, and export-hf refuses both
+    checkpoints in one line (HF BertModel is post-norm)."""
+    from transformer_cli.checkpoint import read_checkpoint
+    from transformer_cli.config import BertRunConfig, FinetuneRunConfig, load_config
+    from transformer_cli.tasks.bert_setup import pretrain_bert
+    from transformer_cli.tasks.finetune_setup import read_labelled, resolve_init
+
+    sets = ["model.d_model=16", "model.layers=1", "model.heads=2", "model.ffn_dim=32", "model.max_positions=32"]
+    sets += ["model.norm=pre", "vocab.size=200", "train.max_steps=2", "train.eval_every=2", "train.batch_size=4"]
+    sets += ["train.precision=fp32", "data.max_seq_len=32"]
+    bert_cfg = load_config(BertRunConfig, ROOT / "configs" / "bert_quickstart.yaml", sets)
+    pretrain_bert(bert_cfg, tmp_path / "pre", "cpu", quiet=True)
+    pre = tmp_path / "pre" / "checkpoints" / "last.pt"
+    config = write_config(tmp_path / "ft.yaml", sst, str(pre))
+    cfg = load_config(FinetuneRunConfig, config, [])
+    source = resolve_init(cfg, read_labelled(cfg))
+    pretrained = read_checkpoint(pre, kind="bert").weights
+    assert source.encoder.norm == "pre"
+    torch.testing.assert_close(source.weights["bert.final_norm.weight"], pretrained["final_norm.weight"])
+    result = invoke("finetune", "--config", str(config), "--out", str(tmp_path / "ft"), "--set", "train.max_steps=2")
+    assert result.exit_code == 0, result.output
+    state = torch.load(tmp_path / "ft" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["finetune"]["encoder"]["norm"] == "pre" and "bert.final_norm.weight" in state["model"]
+    for ckpt in (pre, tmp_path / "ft" / "checkpoints" / "last.pt"):
+        done = run_tcli("export-hf", "--checkpoint", str(ckpt), "--out", str(tmp_path / "hf"))
+        assert done.returncode == 2 and "pre-norm BERT (model.norm: pre)" in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "hf").exists()
+        counted = run_tcli("count-params", "--checkpoint", str(ckpt), "--json")
+        assert counted.returncode == 0, counted.stderr
+        report = json.loads(counted.stdout)
+        assert report["formula_matches"] and report["sizes"]["norm"] == "pre"
+    done = run_tcli("fill-mask", "--checkpoint", str(pre), "the cat [MASK] on the mat")
+    assert done.returncode == 0 and "[MASK] 1" in done.stdout, done.stderr
+    scratch = write_config(tmp_path / "none.yaml", sst, "none", "vocab: {size: 60}")
+    result = invoke(
+        "finetune", "--config", str(scratch), "--out", str(tmp_path / "none"), "--set", "train.max_steps=1",
+        "--set", "model.norm=pre", "--set", "model.d_model=16", "--set", "model.layers=1", "--set", "model.heads=2",
+        "--set", "model.ffn_dim=32", "--set", "model.max_positions=32",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "bert.final_norm.weight" in torch.load(tmp_path / "none" / "checkpoints" / "last.pt")["model"]

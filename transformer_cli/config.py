@@ -444,6 +444,11 @@ class BertModelConfig(Section):
     max_positions: int = Field(512, ge=8, le=MAX_POSITIONS, description="learned position embeddings P")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on embeddings and sub-layer outputs")
     attention_dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on attention weights")
+    norm: Literal["post", "pre"] = Field(
+        "post",
+        description="post-norm (the paper's, and Hugging Face BertModel's) or pre-norm (a LayerNorm before each "
+        "sub-layer and one after the last block; not exportable to Hugging Face)",
+    )
 
 
 class BertTrainConfig(TrainConfig):
@@ -532,6 +537,7 @@ class FinetuneModelConfig(Section):
     heads: int | None = Field(None, ge=1, le=1024, description="init none: attention heads (null: 12)")
     ffn_dim: int | None = Field(None, ge=1, le=1_048_576, description="init none: FFN inner size (null: 3072)")
     max_positions: int | None = Field(None, ge=8, le=MAX_POSITIONS, description="init none: positions (null: 512)")
+    norm: Literal["post", "pre"] | None = Field(None, description="init none: post- or pre-norm (null: post)")
 
 
 class FinetuneTrainConfig(TrainConfig):
@@ -561,7 +567,8 @@ class FinetuneRunConfig(Section):
 
     def check(self) -> None:
         m = self.model
-        sizes = [k for k in ("d_model", "layers", "heads", "ffn_dim", "max_positions") if getattr(m, k) is not None]
+        shape = ("d_model", "layers", "heads", "ffn_dim", "max_positions", "norm")
+        sizes = [k for k in shape if getattr(m, k) is not None]
         if sizes and m.init.lower() != "none":
             raise ValueError(f"model.{sizes[0]} is set but model.init gives the sizes; set it only with init: none")
         if m.d_model is not None and m.heads is not None and m.d_model % m.heads:

@@ -191,6 +191,7 @@ def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
     if ckpt.kind != "bert":
         raise UserError(f"{checkpoint} holds a {ckpt.kind} model, not a bert model")
     cfg, (vocab,) = ckpt.cfg, ckpt.vocabs
+    check_post_norm(cfg.model, str(checkpoint))
     model = ckpt.build_model()  # validates every tensor's name, shape and finiteness
     tokenizer = _tokenizer_json(vocab, checkpoint)
     prepare_folder(out_dir, force, HF_FILES + HF_SHARDS, "HF model and tokenizer")
@@ -209,6 +210,7 @@ def export_finetuned(ckpt: Checkpoint, out_dir: Path, force: bool = False) -> Pa
     from transformer_cli.export.folders import prepare_folder
 
     meta = ckpt.finetune
+    check_post_norm(meta.encoder, str(ckpt.path))
     model = ckpt.build_model()  # validates every tensor's name, shape and finiteness
     tok = meta.tokenizer
     spiece = tok.data if tok.kind == "sentencepiece" else None
@@ -223,6 +225,15 @@ def export_finetuned(ckpt: Checkpoint, out_dir: Path, force: bool = False) -> Pa
         weights[name] = state[name].detach().contiguous().clone()
     _write_hf_folder(out_dir, weights, classifier_config(meta), tokenizer, meta.max_seq_len, spiece)
     return out_dir
+
+
+def check_post_norm(model: BertModelConfig, where: str) -> None:
+    """Hugging Face's BertModel is post-norm only: a pre-norm BERT has no equivalent there."""
+    if model.norm != "post":
+        raise UserError(
+            f"{where}: a pre-norm BERT (model.norm: {model.norm}) has no Hugging Face BertModel equivalent; "
+            "export-hf and --init-from-hf take post-norm models only"
+        )
 
 
 def classifier_config(meta: Any) -> dict:
@@ -253,6 +264,7 @@ def load_hf_bert(folder: Path, model: BertModelConfig) -> tuple[dict[str, Tensor
     is a one-line UserError naming the file.
     """
     where = f"--init-from-hf {folder}"
+    check_post_norm(model, where)
     if not folder.is_dir():
         raise UserError(f"{where}: not a folder (pass a folder written by tcli export-hf)")
     config_path, weights_path = folder / "config.json", folder / "model.safetensors"

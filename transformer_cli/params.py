@@ -113,6 +113,7 @@ _TOP = {  # module (or parameter) name -> (group, row label)
     "embeddings.norm": ("embeddings", "LayerNorm (γ, β)"),
     "enc_norm": ("final norms", "encoder final LayerNorm (γ, β)"),
     "dec_norm": ("final norms", "decoder final LayerNorm (γ, β)"),
+    "final_norm": ("final norms", "final LayerNorm (γ, β)"),  # pre-norm BERT
     "out_proj": ("output projection", "output projection (no bias)"),
     "pooler": ("pooler", "pooler dense (weight, bias)"),
     "nsp_head": ("pretraining heads", "NSP head (weight, bias)"),
@@ -259,19 +260,27 @@ def bert_formula(m: BertModelConfig, V: int) -> Formula:
     H, L, F, P, T = m.d_model, m.layers, m.ffn_dim, m.max_positions, 2
     emb = (V + P + T) * H + 2 * H
     layer = (4 * H * H + 4 * H) + (2 * H * F + F + H) + 4 * H
+    final = 2 * H if m.norm == "pre" else 0
     pooler = H * H + H
     heads = (H * H + H) + 2 * H + V + (2 * H + 2)
-    base = emb + L * layer + pooler
+    base = emb + L * layer + final + pooler
     terms = [
         Term("embeddings", "(V+P+T)·H + 2H", f"({V}+{P}+{T})·{H} + 2·{H}", emb),
         Term("encoder layer", "4H²+4H + 2HF+F+H + 4H", f"4·{H}²+4·{H} + 2·{H}·{F}+{F}+{H} + 4·{H}", layer),
         Term("encoder", "L·layer", f"{L}·{layer:,}", L * layer),
+        Term("final norm", "2H (pre-norm)" if final else "0 (post-norm)", f"2·{H}" if final else "0", final),
         Term("pooler", "H² + H", f"{H}² + {H}", pooler),
-        Term("BertModel", "embeddings + L·layer + pooler", f"{emb:,} + {L * layer:,} + {pooler:,}", base),
+        Term(
+            "BertModel",
+            "embeddings + L·layer + norm + pooler",
+            f"{emb:,} + {L * layer:,} + {final:,} + {pooler:,}",
+            base,
+        ),
         Term("pretraining heads", "(H²+H) + 2H + V + (2H+2)", f"({H}²+{H}) + 2·{H} + {V} + (2·{H}+2)", heads),
         Term("BertForPreTraining", "BertModel + heads", f"{base:,} + {heads:,}", base + heads),
     ]
-    note = "F = 4H: BertModel = (V+P+T+2)·H + L·(12H² + 13H) + (H² + H)" if F == 4 * H else ""
+    extra = " + 2H" if final else ""
+    note = f"F = 4H: BertModel = (V+P+T+2)·H + L·(12H² + 13H){extra} + (H² + H)" if F == 4 * H else ""
     return Formula(
         terms,
         base + heads,
@@ -341,6 +350,7 @@ def count_config(
         raise UserError(f"{source}: cannot build the model: {e}") from None
     if kind == "bert":
         sizes = {"V": Vs, "H": m.d_model, "L": m.layers, "A": m.heads, "F": m.ffn_dim, "P": m.max_positions, "T": 2}
+        sizes["norm"] = m.norm
         formula = bert_formula(m, Vs)
     else:
         sizes = {
@@ -439,11 +449,12 @@ def count_finetuned(meta: Any, source: str) -> dict[str, Any]:
     base = full.reference_value
     name = HF_CLASSES[meta.kind]
     terms = [
-        *full.terms[:5],
+        *full.terms[:6],  # up to BertModel
         Term("task head", "H·C + C", f"{H}·{C} + {C}", head),
         Term(name, "BertModel + head", f"{base:,} + {head:,}", base + head),
     ]
     sizes = {"V": V, "H": H, "L": e.layers, "A": e.heads, "F": e.ffn_dim, "P": e.max_positions, "T": 2, "C": C}
+    sizes["norm"] = e.norm
     total = report["total"]
     report.update(
         kind="finetune",

@@ -1,7 +1,8 @@
 """BERT for pretraining (Devlin et al., 2019): a bidirectional Transformer encoder with MLM and NSP heads.
 
 Input `[CLS] A [SEP] B [SEP]`; embeddings = token + learned position + segment, then LayerNorm and
-dropout; L post-norm encoder blocks with a GELU FFN; pooler tanh(W h_[CLS] + b) -> NSP (2 classes);
+dropout; L post-norm encoder blocks with a GELU FFN (or, with `norm_first`, pre-norm blocks and a final
+LayerNorm); pooler tanh(W h_[CLS] + b) -> NSP (2 classes);
 MLM head dense + GELU + LayerNorm, then a decoder tied to the token embeddings plus a bias.
 During training the MLM logits are computed only at the masked positions (gather before the
 vocabulary projection).
@@ -67,6 +68,7 @@ class Bert(nn.Module):
         segments: int = 2,
         dropout: float = 0.1,
         attention_dropout: float = 0.1,
+        norm_first: bool = False,
         pad_id: int = 0,
         eps: float = 1e-12,
         pretraining_heads: bool = True,
@@ -75,9 +77,11 @@ class Bert(nn.Module):
         self.pad_id = pad_id
         self.embeddings = BertEmbeddings(vocab_size, d_model, max_positions, segments, dropout, pad_id, eps)
         self.encoder = nn.ModuleList(
-            EncoderBlock(d_model, heads, ffn_dim, dropout, attention_dropout, "gelu", norm_first=False, eps=eps)
+            EncoderBlock(d_model, heads, ffn_dim, dropout, attention_dropout, "gelu", norm_first, eps=eps)
             for _ in range(layers)
         )
+        # Pre-norm leaves the residual stream unnormalised: one LayerNorm after the last block (Xiong et al., 2020).
+        self.final_norm = nn.LayerNorm(d_model, eps=eps) if norm_first else nn.Identity()
         self.pooler = nn.Linear(d_model, d_model)
         if pretraining_heads:  # fine-tuning drops them (its head is models/heads.py)
             self.nsp_head = nn.Linear(d_model, 2)
@@ -92,7 +96,7 @@ class Bert(nn.Module):
         x = self.embeddings(input_ids, segment_ids)
         for block in self.encoder:
             x = block(x, pad_mask)
-        return x
+        return self.final_norm(x)
 
     def pooled(self, hidden: Tensor) -> Tensor:
         return torch.tanh(self.pooler(hidden[:, 0]))  # (B, d) from [CLS]

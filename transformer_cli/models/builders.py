@@ -41,6 +41,7 @@ def build_bert(cfg: BertModelConfig, vocab_size: int, pad_id: int = PAD_ID, pret
         max_positions=cfg.max_positions,
         dropout=cfg.dropout,
         attention_dropout=cfg.attention_dropout,
+        norm_first=cfg.norm == "pre",
         pad_id=pad_id,
         pretraining_heads=pretraining_heads,
     )

@@ -153,7 +153,7 @@ def _random_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
     from transformer_cli.vocab import load_model_file
 
     m = cfg.model
-    sizes = {k: getattr(m, k) for k in ("d_model", "layers", "heads", "ffn_dim", "max_positions")}
+    sizes = {k: getattr(m, k) for k in ("d_model", "layers", "heads", "ffn_dim", "max_positions", "norm")}
     encoder = _with_dropout(BertModelConfig(**{k: v for k, v in sizes.items() if v is not None}), cfg)
     if cfg.vocab.model is not None:
         vocab = load_model_file(cfg.vocab.model)
