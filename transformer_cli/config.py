@@ -521,6 +521,10 @@ class FinetuneDataConfig(Section):
     )
 
 
+# The keys of FinetuneModelConfig that give the encoder's architecture, for `init: none` only.
+INIT_NONE_ARCHITECTURE = ("d_model", "layers", "heads", "ffn_dim", "max_positions", "norm")
+
+
 class FinetuneModelConfig(Section):
     """The starting encoder, and sizes only for `init: none`."""
 
@@ -567,8 +571,7 @@ class FinetuneRunConfig(Section):
 
     def check(self) -> None:
         m = self.model
-        shape = ("d_model", "layers", "heads", "ffn_dim", "max_positions", "norm")
-        sizes = [k for k in shape if getattr(m, k) is not None]
+        sizes = [k for k in INIT_NONE_ARCHITECTURE if getattr(m, k) is not None]
         if sizes and m.init.lower() != "none":
             raise ValueError(f"model.{sizes[0]} is set but model.init gives the sizes; set it only with init: none")
         if m.d_model is not None and m.heads is not None and m.d_model % m.heads:

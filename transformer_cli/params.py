@@ -448,8 +448,9 @@ def count_finetuned(meta: Any, source: str) -> dict[str, Any]:
     full = bert_formula(e, V)
     base = full.reference_value
     name = HF_CLASSES[meta.kind]
+    up_to_bert_model = [t.name for t in full.terms].index("BertModel") + 1
     terms = [
-        *full.terms[:6],  # up to BertModel
+        *full.terms[:up_to_bert_model],
         Term("task head", "H·C + C", f"{H}·{C} + {C}", head),
         Term(name, "BertModel + head", f"{base:,} + {head:,}", base + head),
     ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from transformer_cli.config import BertModelConfig, FinetuneRunConfig, FinetuneTrainConfig
+from transformer_cli.config import INIT_NONE_ARCHITECTURE, BertModelConfig, FinetuneRunConfig, FinetuneTrainConfig
 from transformer_cli.console import say
 from transformer_cli.datasets.labeled import (
     GLUE_TASKS,
@@ -153,7 +153,7 @@ def _random_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
     from transformer_cli.vocab import load_model_file
 
     m = cfg.model
-    sizes = {k: getattr(m, k) for k in ("d_model", "layers", "heads", "ffn_dim", "max_positions", "norm")}
+    sizes = {k: getattr(m, k) for k in INIT_NONE_ARCHITECTURE}
     encoder = _with_dropout(BertModelConfig(**{k: v for k, v in sizes.items() if v is not None}), cfg)
     if cfg.vocab.model is not None:
         vocab = load_model_file(cfg.vocab.model)
