@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_cli.decode import BEAM_STEPS, DecodeOptions, decode_corpus
+from transformer_cli.decode import BEAM_STEPS, DecodeOptions, decode_corpus, memory_slots
 from transformer_cli.kernel_shapes import GemmShapes, ending_sentences_at_random, onednn_creations
-from transformer_cli.models.buckets import buckets_upto
+from transformer_cli.models.buckets import bucket, buckets_upto
 from transformer_cli.models.transformer import Transformer
 
 BOS, EOS = 2, 3
@@ -50,6 +50,30 @@ def test_beam_search_decodes_in_a_few_row_counts():
     assert rows <= allowed
     assert len(rows) > 4  # the batch did shrink through several sizes
     assert len(allowed & set(range(1, 40 * opts.beam + 1))) < 20  # 1..40 sentences: fewer sizes than counts
+
+
+def test_beam_search_cross_attention_takes_the_halvings_of_one_count_per_width():
+    """The encoder and the decoding steps' cross-attention run on memory_slots(n, full) sentences, full the
+    bucket of a whole batch of that source width (the last, smaller batch too): per width, a few counts."""
+    torch.manual_seed(0)
+    vocab, heads, d_k = 200, 4, 8
+    model = Transformer(vocab, vocab, heads * d_k, heads, 64, 1, 1, dropout=0.0, max_positions=128).eval()
+    ending_sentences_at_random(model, EOS)
+    rng = np.random.default_rng(1)
+    opts = DecodeOptions(beam=5, max_tokens=600)
+    sources = [rng.integers(5, vocab, k).tolist() for k in _lengths(300, rng)]
+    with torch.inference_mode(), GemmShapes() as shapes:
+        decode_corpus(model, sources, opts, BOS, EOS, torch.device("cpu"))
+    # q k^T of a step: (slots * heads) matrices of (beam, d_k) x (d_k, width); the encoder's have M = width >= 9
+    counts: dict[int, set[int]] = {}
+    for op, batch, m, width, k, _ in shapes.seen:
+        if op == "bmm" and m == opts.beam and k == d_k:
+            counts.setdefault(width, set()).add(batch // heads)
+    assert len(counts) >= 4
+    for width, seen in counts.items():
+        full = bucket(opts.max_tokens // width, steps=BEAM_STEPS)
+        assert seen <= {memory_slots(n, full) for n in range(1, full + 1)}, width
+    assert sum(len(seen) for seen in counts.values()) > len(counts)  # the memory did shrink
 
 
 @pytest.mark.skipif(

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_cli.decode import beam_search, greedy_search, reference_beam_search
+from transformer_cli.decode import beam_search, greedy_search, memory_slots, reference_beam_search
 from transformer_cli.models.layers import sinusoidal_positions
 from transformer_cli.models.losses import IGNORE, projected_smoothed_cross_entropy, smoothed_cross_entropy
 from transformer_cli.models.transformer import Transformer
@@ -279,13 +279,61 @@ def test_cpu_dropout_rate_scale_gradient_and_seed():
     assert torch.equal(drop.eval()(x), x)
 
 
-def test_beam_search_output_is_the_same_with_and_without_row_padding():
-    """Filling the batch up to a bucket size with copies of a sentence changes no hypothesis."""
+@pytest.mark.parametrize("full", [None, 19, 40, 100])
+def test_beam_search_output_is_the_same_with_and_without_row_padding(full):
+    """Filling the batch up to a bucket size with copies of a sentence, and the encoder and cross-attention up
+    to a fraction of `full` sentences (more than the decoder's rows), changes no hypothesis."""
     model = tiny()
     src = random_src(19, 7, seed=4)  # 19 sentences: run as 20, then fewer as they finish
     src[::3, 4:] = PAD
-    padded = beam_search(model, src, BOS, EOS, beam=3, nbest=3, max_len_b=8)
+    padded = beam_search(model, src, BOS, EOS, beam=3, nbest=3, max_len_b=8, full=full)
     plain = beam_search(model, src, BOS, EOS, beam=3, nbest=3, max_len_b=8, pad_rows=False)
     assert [[h.tokens for h in hyps] for hyps in padded] == [[h.tokens for h in hyps] for hyps in plain]
     for a, b in zip(padded, plain):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+def test_memory_slots_are_the_fewest_halvings_that_hold_the_sentences():
+    for full in (1, 7, 40, 448, 512):
+        levels = {full}
+        while max(levels) > 1 and min(levels) > 1:
+            levels.add((min(levels) + 1) // 2)
+        for need in range(1, full + 1):
+            slots = memory_slots(need, full)
+            assert slots in levels and slots >= need
+            assert slots in (full, 1) or (slots + 1) // 2 < need  # one halving fewer would not hold them
+        assert len({memory_slots(n, full) for n in range(1, full + 1)}) == len(levels)
+
+
+def test_a_step_over_fewer_sentences_than_the_memory_gives_their_rows_of_the_full_step():
+    """Rows of the first sentences only (the others finished): the attention keeps the memory's shape, and each
+    row's logits equal those it has when every sentence's rows are there."""
+    model = tiny()
+    src, tgt = random_src(4, 6), random_src(4, 3, seed=7)
+    memory, pad_mask = model.encode(src)
+    rows = tgt.repeat_interleave(2, dim=0)  # (8, 3): two beams per sentence
+    full = model.start_decoding(memory, pad_mask, max_len=3, rows_per_sentence=2)
+    few = model.start_decoding(memory, pad_mask, max_len=3, rows_per_sentence=2)
+    for t in range(3):
+        all_rows = model.decode_step(rows[:, t : t + 1], full)
+        first_rows = model.decode_step(rows[:6, t : t + 1], few)  # sentences 0-2 of the memory's 4
+        torch.testing.assert_close(first_rows, all_rows[:6], atol=1e-5, rtol=1e-5)
+        few.select_rows(torch.arange(6))
+
+
+def test_half_precision_decoding_with_fp32_memory_computes_the_step_attention_in_fp32():
+    """memory_dtype=float32 for a bf16 model (how beam search decodes on a CPU): the cross-attention keys stay
+    fp32, the step returns bf16 logits close to the fp32 model's, under autocast as without it."""
+    model = tiny()
+    src, tgt = random_src(3, 7), random_src(3, 4, seed=6)
+    with torch.no_grad():
+        reference = model(src, tgt)
+    half = tiny().to(torch.bfloat16)
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), torch.inference_mode():
+            memory, pad_mask = half.encode(src)
+            state = half.start_decoding(memory, pad_mask, max_len=4, memory_dtype=torch.float32)
+            assert all(k.dtype == v.dtype == torch.float32 for k, v in state.memory_kv)
+            steps = torch.stack([half.decode_step(tgt[:, t : t + 1], state) for t in range(4)], 1)
+        assert steps.dtype == torch.bfloat16
+        torch.testing.assert_close(steps.float(), reference, atol=0.1, rtol=0.05)

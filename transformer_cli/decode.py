@@ -67,6 +67,23 @@ def _filled(index: Tensor, n: int) -> Tensor:
     return torch.cat([index, index[-1:].expand(n - index.numel())]) if n > index.numel() else index
 
 
+def step_memory_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype of the cross-attention keys and values during decoding steps: fp32 on a CPU, where a
+    half-precision batched matmul goes through oneDNN, which compiles a kernel for every shape, and the
+    source width times the sentence count makes many; fp32 goes through MKL, which compiles none, and is
+    as fast at these few queries per sentence (BENCHMARKS.md, "Memory"). None (the model's dtype) elsewhere."""
+    return torch.float32 if device.type == "cpu" else None
+
+
+def memory_slots(need: int, full: int) -> int:
+    """The fewest sentences, of full, ceil(full / 2), ceil(full / 4), ..., that hold `need`: the sizes the
+    encoder and the cross-attention of a batch of `full` sentences take, at most twice what is needed."""
+    slots = full
+    while need <= (slots + 1) // 2 < slots:
+        slots = (slots + 1) // 2
+    return slots
+
+
 def _strip(tokens: list[int], eos_id: int, pad_id: int) -> list[int]:
     if eos_id in tokens:
         tokens = tokens[: tokens.index(eos_id)]
@@ -85,20 +102,26 @@ def beam_search(
     max_len_b: int = 10,
     nbest: int = 1,
     pad_rows: bool = True,
+    full: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the `nbest` best finished hypotheses of each sentence, best first.
 
-    With `pad_rows`, the model runs on `bucket(sentences, steps=BEAM_STEPS)` sentences: copies of the last one
-    fill the batch as sentences finish and leave, so that the decoder's matmuls take a few shapes (a CPU matmul
-    library compiles a kernel per shape) instead of one per count of active sentences; the copies' outputs are
-    dropped, and the search itself sees only the real rows.
+    With `pad_rows`, copies of the last sentence fill the batch so that its matmuls take a few shapes (a CPU
+    matmul library compiles a kernel per shape) instead of one per count of active sentences; the copies'
+    outputs are dropped, and the search itself sees only the real rows. The decoder's rows are those of
+    `bucket(active sentences, steps=BEAM_STEPS)` sentences; the encoder and the cross-attention, whose shapes
+    also hold the source width, run on `memory_slots(...)` of `full` sentences (default: the bucket of this
+    batch's): one of a few fractions of the full batch of this width, so that their shapes repeat from batch to
+    batch and as sentences finish.
     """
     K, B, device = beam, src.size(0), src.device
     size = (lambda n: bucket(n, steps=BEAM_STEPS)) if pad_rows else (lambda n: n)
+    full = max(size(B), full or 0)
+    slots = (lambda n: memory_slots(size(n), full)) if pad_rows else (lambda n: n)
     limits = max_lengths(src, model.pad_id, max_len_a, max_len_b, model.positions.size(0) - 1)  # (B,)
-    memory, src_pad = model.encode(src[_filled(torch.arange(B, device=device), size(B))])
+    memory, src_pad = model.encode(src[_filled(torch.arange(B, device=device), slots(B))])
     T = int(limits.max())
-    state = model.start_decoding(memory, src_pad, T)
+    state = model.start_decoding(memory, src_pad, T, rows_per_sentence=K, memory_dtype=step_memory_dtype(device))
 
     tokens = src.new_full((B * K, T + 1), model.pad_id)  # alive hypotheses, row = sentence * K + beam
     tokens[:, 0] = bos_id
@@ -148,7 +171,7 @@ def beam_search(
         scores = alive_scores
         state.select_rows(_filled(next_rows, size(keep.numel()) * K))
         if keep.numel() < b:
-            state.select_sentences(_filled(keep, size(keep.numel())))
+            state.select_sentences(_filled(keep, slots(keep.numel())))
             active = active[keep]
 
     results = []
@@ -277,7 +300,16 @@ def decode_corpus(
         src = padded(*seqs, model.pad_id, suffix=eos_id, width=width).to(device)
         with context() if context is not None else contextlib.nullcontext():
             hyps = beam_search(
-                model, src, bos_id, eos_id, opts.beam, opts.lenpen, opts.max_len_a, opts.max_len_b, opts.nbest
+                model,
+                src,
+                bos_id,
+                eos_id,
+                opts.beam,
+                opts.lenpen,
+                opts.max_len_a,
+                opts.max_len_b,
+                opts.nbest,
+                full=bucket(size, steps=BEAM_STEPS),  # every batch of this width, the last one too
             )
         for i, h in zip(chunk, hyps):
             results[i] = h

@@ -6,6 +6,7 @@ Masks: `pad_mask` is a bool (B, S) tensor, True at padded key positions.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -147,17 +148,30 @@ class MultiHeadAttention(nn.Module):
         return x.unbind(0)
 
     def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None, causal: bool, step: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        pad_mask: Tensor | None,
+        causal: bool,
+        step: bool = False,
+        project: bool = True,
     ) -> Tensor:
+        """Attention of q (B, H, T, d_k) over k, v (B, H, S, d_k) -> (B, T, d), through the output projection
+        unless `project` is False."""
         # SDPA takes a bool mask with True = "may attend": (B, 1, 1, S) broadcasts over heads and queries.
         mask = None if pad_mask is None else ~pad_mask[:, None, None, :]
         if step:
             # A decoding step: the formula written out, the 1/sqrt(d_k) scale applied to the few new
-            # queries. (SDPA's CPU math kernel rescales and copies every cached key at every step.)
-            scores = torch.matmul(q * self.d_k**-0.5, k.transpose(-2, -1))  # (B, H, T, S)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            out = torch.matmul(scores.softmax(-1), v)  # (B, H, T, d_k)
+            # queries. (SDPA's CPU math kernel rescales and copies every cached key at every step.) Keys of
+            # another dtype than the queries (memory kept in fp32 for half-precision decoding) set the dtype
+            # the step computes in, autocast or not; the output comes back in the queries' dtype.
+            same = k.dtype == q.dtype
+            with contextlib.nullcontext() if same else torch.autocast(q.device.type, enabled=False):
+                scores = torch.matmul(q.to(k.dtype) * self.d_k**-0.5, k.transpose(-2, -1))  # (B, H, T, S)
+                if mask is not None:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                out = torch.matmul(scores.softmax(-1), v).to(q.dtype)  # (B, H, T, d_k)
         else:
             p = self.dropout if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
@@ -165,7 +179,7 @@ class MultiHeadAttention(nn.Module):
                 self.record.append(attention_weights(q, k, pad_mask, causal))
         B, H, T, d_k = out.shape
         out = out.transpose(1, 2).reshape(B, T, H * d_k)  # (B, T, d)
-        return self.out_proj(out)
+        return self.out_proj(out) if project else out
 
     def forward(
         self, x: Tensor, pad_mask: Tensor | None = None, causal: bool = False, cache: KVCache | None = None
@@ -186,19 +200,31 @@ class MultiHeadAttention(nn.Module):
         return k, v
 
     def cross_forward(
-        self, x: Tensor, memory_kv: tuple[Tensor, Tensor], pad_mask: Tensor, step: bool = False
+        self,
+        x: Tensor,
+        memory_kv: tuple[Tensor, Tensor],
+        pad_mask: Tensor,
+        step: bool = False,
+        rows_per_sentence: int | None = None,
     ) -> Tensor:
-        """Cross-attention of x (N, T, d) over the keys/values of B = N / r sentences.
+        """Cross-attention of x (N, T, d) over the keys/values of B sentences, r = `rows_per_sentence` rows each
+        (default N / B).
 
-        In beam search N = B * beams: the r rows of a sentence become r * T queries against that
-        sentence's keys, so the encoder output is never copied per beam.
+        In beam search r = beams: the r rows of a sentence become r * T queries against that sentence's keys,
+        so the encoder output is never copied per beam. N may be less than B * r: the rows belong to the first
+        N / r sentences, and the others' queries are zeros whose outputs are dropped, so the attention's shapes
+        stay those of B sentences while sentences finish.
         """
         k, v = memory_kv
         N, T, d = x.shape
         B = k.size(0)
-        x = x.reshape(B, (N // B) * T, d)  # (B, r*T, d)
-        (q,) = self._split_heads(self.q_proj(x), 1)  # (B, H, r*T, d_k)
-        return self._attend(q, k, v, pad_mask, causal=False, step=step).reshape(N, T, d)
+        r = N // B if rows_per_sentence is None else rows_per_sentence
+        q = self.q_proj(x)  # (N, T, d)
+        if N < B * r:
+            q = torch.cat([q, q.new_zeros(B * r - N, T, d)])  # (B*r, T, d)
+        (q,) = self._split_heads(q.reshape(B, r * T, d), 1)  # (B, H, r*T, d_k)
+        out = self._attend(q, k, v, pad_mask, causal=False, step=step, project=False)  # (B, r*T, d)
+        return self.out_proj(out.reshape(B * r, T, d)[:N])  # (N, T, d)
 
 
 class FeedForward(nn.Module):
@@ -276,13 +302,20 @@ class DecoderBlock(nn.Module):
         self.ffn_sub = SublayerConnection(d_model, dropout, norm_first)
 
     def forward(
-        self, y: Tensor, memory_kv: tuple[Tensor, Tensor], src_pad_mask: Tensor, cache: KVCache | None = None
+        self,
+        y: Tensor,
+        memory_kv: tuple[Tensor, Tensor],
+        src_pad_mask: Tensor,
+        cache: KVCache | None = None,
+        rows_per_sentence: int | None = None,
     ) -> Tensor:
         # Target padding sits after the real tokens, so the causal mask alone keeps real positions
         # from seeing it; no separate target padding mask is needed.
         y = self.self_sub(y, lambda h: self.self_attn(h, causal=True, cache=cache))
         step = cache is not None and y.size(1) == 1
-        y = self.cross_sub(y, lambda h: self.cross_attn.cross_forward(h, memory_kv, src_pad_mask, step))
+        y = self.cross_sub(
+            y, lambda h: self.cross_attn.cross_forward(h, memory_kv, src_pad_mask, step, rows_per_sentence)
+        )
         return self.ffn_sub(y, self.ffn)
 
 

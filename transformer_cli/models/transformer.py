@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from transformer_cli.models.layers import (
@@ -29,7 +30,8 @@ class DecoderState:
 
     memory_kv: list[tuple[Tensor, Tensor]]  # per layer, (B, H, S, d_k): once per sentence
     src_pad_mask: Tensor  # (B, S)
-    caches: list[KVCache]  # per layer, (B * r, H, C >= t, d_k)
+    caches: list[KVCache]  # per layer, (N <= B * r, H, C >= t, d_k)
+    rows_per_sentence: int | None = None  # r hypothesis rows per sentence (beams); None: N / B
     step: int = 0
 
     def select_rows(self, index: Tensor) -> None:
@@ -143,16 +145,29 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------------ incremental decoding
 
-    def start_decoding(self, memory: Tensor, src_pad_mask: Tensor, max_len: int) -> DecoderState:
-        """Project the encoder output once (per sentence, shared by its hypotheses); empty caches for up to
-        max_len decoded positions."""
+    def start_decoding(
+        self,
+        memory: Tensor,
+        src_pad_mask: Tensor,
+        max_len: int,
+        rows_per_sentence: int | None = None,
+        memory_dtype: torch.dtype | None = None,
+    ) -> DecoderState:
+        """Project the encoder output once (per sentence, shared by its `rows_per_sentence` hypotheses); empty
+        caches for up to max_len decoded positions. With `rows_per_sentence` set, a step may carry the rows
+        of fewer sentences than the memory holds: those of its first sentences. With `memory_dtype`, the
+        projected keys and values are kept in that dtype, and the decoding steps' cross-attention computes in it.
+        """
         caches = [KVCache(max_len) for _ in self.decoder]
-        return DecoderState(self._project_memory(memory), src_pad_mask, caches)
+        memory_kv = self._project_memory(memory)
+        if memory_dtype is not None:
+            memory_kv = [(k.to(memory_dtype), v.to(memory_dtype)) for k, v in memory_kv]
+        return DecoderState(memory_kv, src_pad_mask, caches, rows_per_sentence)
 
     def decode_step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """tokens (N, 1), the last output of each hypothesis -> next-token logits (N, V)."""
         y = self._embed(self.tgt_embed, tokens, offset=state.step)  # (N, 1, d)
         for block, kv, cache in zip(self.decoder, state.memory_kv, state.caches):
-            y = block(y, kv, state.src_pad_mask, cache=cache)
+            y = block(y, kv, state.src_pad_mask, cache=cache, rows_per_sentence=state.rows_per_sentence)
         state.step += 1
         return self.out_proj(self.dec_norm(y)[:, -1])
