@@ -33,45 +33,46 @@ def _lengths(n: int, rng: np.random.Generator) -> list[int]:
     return np.clip(rng.lognormal(np.log(12.0), 0.35, n).round(), 8, 60).astype(int).tolist()
 
 
-def test_beam_search_decodes_in_a_few_row_counts():
-    """As sentences finish, the decoding steps run on bucket(active sentences, steps=BEAM_STEPS) sentences: the
-    vocabulary projection (a decoding step's alone) sees only row counts of that set, times the beam."""
+VOCAB, HEADS, D_K = 200, 4, 8
+BEAM_OPTS = DecodeOptions(beam=5, max_tokens=600)
+
+
+@pytest.fixture(scope="module")
+def beam_shapes() -> GemmShapes:
+    """The matmul shapes of a beam search over 400 sentences of lognormal lengths, with a tiny model whose
+    sentences end at random steps (so batches shrink as they do with a trained one)."""
     torch.manual_seed(0)
-    vocab = 200
-    model = Transformer(vocab, vocab, 32, 4, 64, 1, 1, dropout=0.0, max_positions=128).eval()
+    model = Transformer(VOCAB, VOCAB, HEADS * D_K, HEADS, 64, 1, 1, dropout=0.0, max_positions=128).eval()
     ending_sentences_at_random(model, EOS)
     rng = np.random.default_rng(0)
-    opts = DecodeOptions(beam=5, max_tokens=600)
-    sources = [rng.integers(5, vocab, k).tolist() for k in _lengths(400, rng)]
+    sources = [rng.integers(5, VOCAB, k).tolist() for k in _lengths(400, rng)]
     with torch.inference_mode(), GemmShapes() as shapes:
-        decode_corpus(model, sources, opts, BOS, EOS, torch.device("cpu"))
-    rows = {s[2] for s in shapes.seen if s[0] == "mm" and s[3] == vocab}
-    allowed = {n * opts.beam for n in buckets_upto(600, steps=BEAM_STEPS)}
+        decode_corpus(model, sources, BEAM_OPTS, BOS, EOS, torch.device("cpu"))
+    return shapes
+
+
+def test_beam_search_decodes_in_a_few_row_counts(beam_shapes: GemmShapes):
+    """As sentences finish, the decoding steps run on bucket(active sentences, steps=BEAM_STEPS) sentences: the
+    vocabulary projection (a decoding step's alone) sees only row counts of that set, times the beam."""
+    beam = BEAM_OPTS.beam
+    rows = {s[2] for s in beam_shapes.seen if s[0] == "mm" and s[3] == VOCAB}
+    allowed = {n * beam for n in buckets_upto(BEAM_OPTS.max_tokens, steps=BEAM_STEPS)}
     assert rows <= allowed
     assert len(rows) > 4  # the batch did shrink through several sizes
-    assert len(allowed & set(range(1, 40 * opts.beam + 1))) < 20  # 1..40 sentences: fewer sizes than counts
+    assert len(allowed & set(range(1, 40 * beam + 1))) < 20  # 1..40 sentences: fewer sizes than counts
 
 
-def test_beam_search_cross_attention_takes_the_halvings_of_one_count_per_width():
+def test_beam_search_cross_attention_takes_the_halvings_of_one_count_per_width(beam_shapes: GemmShapes):
     """The encoder and the decoding steps' cross-attention run on memory_slots(n, full) sentences, full the
     bucket of a whole batch of that source width (the last, smaller batch too): per width, a few counts."""
-    torch.manual_seed(0)
-    vocab, heads, d_k = 200, 4, 8
-    model = Transformer(vocab, vocab, heads * d_k, heads, 64, 1, 1, dropout=0.0, max_positions=128).eval()
-    ending_sentences_at_random(model, EOS)
-    rng = np.random.default_rng(1)
-    opts = DecodeOptions(beam=5, max_tokens=600)
-    sources = [rng.integers(5, vocab, k).tolist() for k in _lengths(300, rng)]
-    with torch.inference_mode(), GemmShapes() as shapes:
-        decode_corpus(model, sources, opts, BOS, EOS, torch.device("cpu"))
     # q k^T of a step: (slots * heads) matrices of (beam, d_k) x (d_k, width); the encoder's have M = width >= 9
     counts: dict[int, set[int]] = {}
-    for op, batch, m, width, k, _ in shapes.seen:
-        if op == "bmm" and m == opts.beam and k == d_k:
-            counts.setdefault(width, set()).add(batch // heads)
+    for op, batch, m, width, k, _ in beam_shapes.seen:
+        if op == "bmm" and m == BEAM_OPTS.beam and k == D_K:
+            counts.setdefault(width, set()).add(batch // HEADS)
     assert len(counts) >= 4
     for width, seen in counts.items():
-        full = bucket(opts.max_tokens // width, steps=BEAM_STEPS)
+        full = bucket(BEAM_OPTS.max_tokens // width, steps=BEAM_STEPS)
         assert seen <= {memory_slots(n, full) for n in range(1, full + 1)}, width
     assert sum(len(seen) for seen in counts.values()) > len(counts)  # the memory did shrink
 
