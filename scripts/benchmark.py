@@ -379,7 +379,8 @@ def table(r: dict) -> str:
         )
     if "shapes" in r:
         rows.append(
-            f"| new GEMM shapes after warm-up (projection + attention; of the warm-up's; oneDNN kernels created), "
+            f"| new GEMM shapes after warm-up (projection + attention; of the warm-up's; oneDNN kernels created, "
+            f"and created twice over warm-up and window), "
             f"translation / BERT / beam search, {r['shapes']['precision']} (`python scripts/kernel_shapes.py`) | "
             f"{kernel_shapes_line(r['shapes'])} | — | — | 0 |"
         )

@@ -4,11 +4,12 @@
 
 Each workload runs tcli's own batching and model code on a synthetic corpus with a realistic length mix, in
 the precision `auto` picks on this CPU: a warm-up (one epoch of training batches; one set of sentences to
-translate), then a window of the same kind (the next epoch; a third as many other sentences). Printed per workload: the
-distinct GEMM shapes of the warm-up, the shapes first seen in the window (projections mm/addmm; attention
-bmm), and oneDNN's kernel creations in the window (0 where torch does not multiply through oneDNN, as for
-fp32 on most CPUs). A shape-keyed kernel cache that holds the warm-up's shapes creates nothing afterwards
-when the window brings no new shape.
+translate), then a window of the same kind (the next epoch; a third as many other sentences). Printed per
+workload: the distinct GEMM shapes of the warm-up, the shapes first seen in the window (projections mm/addmm;
+attention bmm), oneDNN's kernel creations in the window (0 where torch does not multiply through oneDNN, as
+for fp32 on most CPUs), and how many kernels oneDNN created a second time over the whole run (warm-up and
+window: a kernel evicted from its cache and needed again). A shape-keyed kernel cache that holds the
+warm-up's shapes creates nothing afterwards when the window brings no new shape.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformer_cli.kernel_shapes import (  # noqa: E402
     GemmShapes,
+    created_again,
     ending_sentences_at_random,
     onednn_creations,
     summary,
@@ -118,11 +120,13 @@ def beam(runtime: Runtime, sentences: int) -> dict:
 def window(warm_up, measured) -> dict:
     shapes = GemmShapes()
     with shapes:
-        warm_up()
+        with onednn_creations() as warm_created:
+            warm_up()
         warm = len(shapes.seen)
         shapes.mark()
         with onednn_creations() as created:
             measured()
+    misses = warm_created["misses"] + created["misses"]
     return {
         "warm_up_shapes": warm,
         "warm_up": summary(shapes.seen - shapes.new),
@@ -130,6 +134,8 @@ def window(warm_up, measured) -> dict:
         "new_shapes": sorted(shapes.new),
         "onednn_created": created["created"],
         "onednn_misses": created["misses"],
+        "onednn_created_in_all": len(misses),
+        "onednn_created_twice": created_again(misses),
     }
 
 
@@ -150,7 +156,7 @@ def line(r: dict) -> str:
 
     def cell(w: dict) -> str:
         new = f"{w['new']['projection']} + {w['new']['attention']}"
-        return f"{new} (of {w['warm_up_shapes']}; oneDNN {w['onednn_created']})"
+        return f"{new} (of {w['warm_up_shapes']}; oneDNN {w['onednn_created']}, twice {w['onednn_created_twice']})"
 
     return " / ".join(cell(r[k]) for k in ("translation", "bert", "beam"))
 
@@ -171,7 +177,8 @@ def main() -> None:
         print(
             f"{k:12s} warm-up {w['warm_up']['projection']} / {w['warm_up']['attention']}; "
             f"new after warm-up {w['new']['projection']} / {w['new']['attention']}; "
-            f"oneDNN kernels created in the window: {w['onednn_created']}"
+            f"oneDNN kernels created in the window: {w['onednn_created']} "
+            f"(in all {w['onednn_created_in_all']}, of which again after eviction {w['onednn_created_twice']})"
         )
         for s in w["new_shapes"][:10]:
             print("   new:", s)

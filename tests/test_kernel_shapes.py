@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_cli.decode import BEAM_STEPS, DecodeOptions, decode_corpus, memory_slots
-from transformer_cli.kernel_shapes import GemmShapes, ending_sentences_at_random, onednn_creations
+from transformer_cli.kernel_shapes import GemmShapes, created_again, ending_sentences_at_random, onednn_creations
 from transformer_cli.models.buckets import bucket, buckets_upto
 from transformer_cli.models.transformer import Transformer
 
@@ -87,3 +87,10 @@ def test_onednn_creations_count_a_new_shape_once():
     with onednn_creations() as again:
         F.linear(torch.randn(44, 72, dtype=torch.bfloat16), w)  # the same shape: from the kernel cache
     assert first["created"] == 1 and again["created"] == 0
+
+
+def test_a_kernel_created_again_is_one_whose_line_differs_only_in_its_time():
+    mm = "onednn_verbose,v1,primitive,create:cache_miss,cpu,matmul,brg_matmul:avx512_core_bf16,undef,src:bf16"
+    misses = [f"{mm},,80x64:64x192,0.42", f"{mm},,80x64:64x64,0.29", f"{mm},,80x64:64x192,0.39"]
+    assert created_again(misses) == 1
+    assert created_again(misses[:2]) == 0

@@ -124,6 +124,13 @@ def onednn_creations() -> Iterator[dict[str, int]]:
             counts["created"] = len(counts["misses"])
 
 
+def created_again(misses: list[str]) -> int:
+    """How many of oneDNN's `create:cache_miss` lines create a kernel it had created before (evicted from its
+    cache and needed again): lines equal but for their last field, the milliseconds the creation took."""
+    kernels = [line.rsplit(",", 1)[0] for line in misses]
+    return len(kernels) - len(set(kernels))
+
+
 def ending_sentences_at_random(model: torch.nn.Module, eos_id: int, seed: int = 0) -> None:
     """Make an untrained translation model end its sentences at various steps, as a trained one does, so that
     a beam-search batch shrinks: a random bonus on EOS's logit of each hypothesis row (a forward hook on the
