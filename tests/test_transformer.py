@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer_cli.decode import beam_search, greedy_search, memory_slots, reference_beam_search
-from transformer_cli.models.layers import sinusoidal_positions
+from transformer_cli.models.layers import MultiHeadAttention, dropout_attention, sinusoidal_positions
 from transformer_cli.models.losses import IGNORE, projected_smoothed_cross_entropy, smoothed_cross_entropy
 from transformer_cli.models.transformer import Transformer
 
@@ -277,6 +278,40 @@ def test_cpu_dropout_rate_scale_gradient_and_seed():
     assert torch.equal(drop(x), y)  # the default generator: seeded and resumable
     assert not torch.equal(drop(x), y)
     assert torch.equal(drop.eval()(x), x)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_training_attention_with_dropout_on_cpu_is_sdpa_with_a_cheaper_mask(causal):
+    """dropout_attention (CPU training with attention dropout): at p ~ 0 it is SDPA with the same masks; at
+    p = 0.5 about half the weights are dropped and the rest scaled by 2, so outputs average to SDPA's; a row
+    of only padded keys (an empty batch row) gives finite outputs and gradients; no bernoulli_ draw."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 6, 8, requires_grad=True) for _ in range(3))
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    reference = F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :], is_causal=causal)
+    torch.testing.assert_close(dropout_attention(q, k, v, pad, causal, 1e-9), reference, atol=1e-6, rtol=1e-5)
+    with torch.no_grad():
+        many = torch.stack([dropout_attention(q, k, v, pad, causal, 0.5) for _ in range(4000)])
+    standard_error = many.std(0) / 4000**0.5
+    assert ((many.mean(0) - reference).abs() <= 5 * standard_error + 1e-6).all()  # unbiased
+    assert (standard_error > 0.002).any()  # the weights were dropped
+    pad[2] = True  # sentence 2 has no key at all
+    out = dropout_attention(q, k, v, pad, causal, 0.1)
+    out.sum().backward()
+    assert out.isfinite().all() and all(t.grad.isfinite().all() for t in (q, k, v))
+
+    class Ops(TorchDispatchMode):
+        seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    attn = MultiHeadAttention(16, 2, dropout=0.1).train()
+    with Ops() as ops:
+        attn(torch.randn(2, 5, 16), pad_mask=torch.zeros(2, 5, dtype=torch.bool), causal=causal).sum().backward()
+    assert "aten.bmm.default" in ops.seen and not any("bernoulli" in op for op in ops.seen)
 
 
 @pytest.mark.parametrize("full", [None, 19, 40, 100])
