@@ -231,6 +231,35 @@ def test_projected_loss_equals_projection_then_loss(rows):
             torch.testing.assert_close(a.float(), b.float(), **tol)
 
 
+def test_projected_loss_backward_touches_the_softmax_only_in_matmuls():
+    """The fused loss's backward reads the saved (M, V) softmax in its two matmuls and makes no other pass over
+    a vocabulary-sized tensor: the smoothing constant, the one-hot target and the row weights are applied in
+    the d-sized space (a pass over (M, V) costs as much as a matmul at small d)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    M, V, d = 64, 3000, 16
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(M, d, generator=g, requires_grad=True)
+    w = (torch.randn(V, d, generator=g) * 0.2).requires_grad_()
+    target = torch.randint(0, V, (M,), generator=g)
+    target[::5] = IGNORE
+    out = projected_smoothed_cross_entropy(h, w, target, 0.1)
+
+    class VocabularySized(TorchDispatchMode):
+        ops: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+            if any(t.numel() >= M * V for t in tensors):
+                self.ops.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with VocabularySized() as mode:
+        out.loss.backward()
+    assert mode.ops <= {"mm", "t", "transpose"}, mode.ops
+    assert "mm" in mode.ops
+
+
 def test_loss_ignores_padding_positions():
     model = tiny()
     src, tgt = random_src(2, 5), random_src(2, 4, seed=12)

@@ -40,19 +40,19 @@ def _chunks(rows: int, vocab: int, elements: int = _CHUNK_ELEMENTS):
     return ((start, min(start + step, rows)) for start in range(0, rows, step))
 
 
-def _softmax_chunk(x: Tensor, probs: Tensor, lse: Tensor, mean_logit: Tensor) -> None:
+def _softmax_chunk(x: Tensor, probs: Tensor, lse: Tensor, mean_logit: Tensor | None = None) -> None:
     """Softmax of a chunk of logits x (c, V) into probs (c, V) (the dtype kept for backward), and each row's
-    log-sum-exp and mean logit (fp32 or wider) into lse and mean_logit (c,)."""
-    x = x.to(lse.dtype)  # (c, V); the chunk stays in cache for the passes below
-    torch.mean(x, dim=-1, out=mean_logit)
-    x_max = x.amax(-1)
+    log-sum-exp (fp32 or wider) into lse (c,); with mean_logit, each row's mean logit too."""
+    x_max = x.amax(-1)  # exact in any dtype
+    if mean_logit is not None:
+        torch.mean(x, dim=-1, dtype=lse.dtype, out=mean_logit)
     if probs.dtype == lse.dtype:  # written in place: no chunk-sized temporary and no copy of it
         p = torch.softmax(x, dim=-1, out=probs)
-    else:  # the fp32 softmax is cast once into the saved lower-precision one
-        p = torch.softmax(x, dim=-1)
+    else:  # reduced in fp32 (read from the lower-precision logits, no cast copy), then cast once into probs
+        p = torch.softmax(x, dim=-1, dtype=lse.dtype)
         probs.copy_(p)
     # log-sum-exp from the softmax: p_max = exp(x_max - lse) >= 1/V never underflows.
-    torch.sub(x_max, p.amax(-1).log(), out=lse)
+    torch.sub(x_max.to(lse.dtype), p.amax(-1).log(), out=lse)
 
 
 def _losses(lse: Tensor, mean_logit: Tensor, target_logit: Tensor, valid: Tensor, epsilon: float):
@@ -107,7 +107,15 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     """The vocabulary projection fused with the loss: the logits rows @ weight^T are made a chunk of rows at a
     time and reduced while the chunk is in cache. A (M, V) logits tensor is neither written nor read back,
-    and on CPU the projection itself runs faster in chunks whose output fits the cache."""
+    and on CPU the projection itself runs faster in chunks whose output fits the cache.
+
+    Backward touches the saved (M, V) softmax P only in its two matmuls. With s = the rows' loss weights,
+    d loss / d logits = diag(s) (P - eps/V - (1 - eps) onehot(target)), and the constant and one-hot terms
+    are applied after the matmuls, in the d-sized space:
+        d rows   = diag(s) (P W - eps/V colsum(W) - (1 - eps) W[target])
+        d weight = P^T (diag(s) rows) - eps/V 1 (s^T rows) - (1 - eps) scatter(target, diag(s) rows)
+    so no vocabulary-sized elementwise pass runs in backward. The mean logit the smoothing term needs comes
+    the same way, rows @ mean(W), instead of a pass over each chunk."""
 
     @staticmethod
     def forward(ctx, rows: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
@@ -116,14 +124,14 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
         target = target.clamp(min=0)
         acc = torch.promote_types(rows.dtype, torch.float32)
         lse = torch.empty(M, dtype=acc, device=rows.device)
-        mean_logit = torch.empty_like(lse)
         target_logit = torch.empty_like(lse)
         probs = rows.new_empty(M, V)  # softmax, kept for backward in the rows' dtype
         elements = _PROJECTION_CHUNK_ELEMENTS if rows.device.type == "cpu" else M * V
         for a, b in _chunks(M, V, elements):
             logits = F.linear(rows[a:b], weight)  # (c, V)
-            _softmax_chunk(logits, probs[a:b], lse[a:b], mean_logit[a:b])
+            _softmax_chunk(logits, probs[a:b], lse[a:b])
             target_logit[a:b] = logits.gather(-1, target[a:b, None]).squeeze(-1)
+        mean_logit = rows.to(acc) @ weight.sum(0, dtype=acc).div_(V)  # (M,): the mean over V of rows @ W^T
         loss, nll = _losses(lse, mean_logit, target_logit, valid, epsilon)
         ctx.save_for_backward(rows, weight, probs, target, valid)
         ctx.epsilon = epsilon
@@ -133,8 +141,18 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         rows, weight, probs, target, valid = ctx.saved_tensors
-        grad = _logits_gradient(ctx, probs, target, valid, grad_loss)  # (M, V)
-        return grad @ weight, grad.t() @ rows, None, None  # (M, d), (V, d)
+        eps, V = ctx.epsilon, weight.size(0)
+        acc = torch.promote_types(rows.dtype, torch.float32)
+        s = (valid * grad_loss).to(acc)[:, None]  # (M, 1): each row's weight in the loss
+        scaled_rows = rows.to(acc) * s  # (M, d)
+        grad_rows = (probs @ weight).to(acc)  # (M, d)
+        grad_rows -= (eps / V) * weight.sum(0, dtype=acc)
+        grad_rows -= (1.0 - eps) * weight[target].to(acc)
+        grad_rows *= s
+        grad_weight = (probs.t() @ scaled_rows.to(rows.dtype)).to(acc)  # (V, d)
+        grad_weight -= (eps / V) * scaled_rows.sum(0)
+        grad_weight.index_add_(0, target, scaled_rows, alpha=-(1.0 - eps))
+        return grad_rows.to(rows.dtype), grad_weight.to(weight.dtype), None, None
 
 
 def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float = 0.0) -> LossOutput:
