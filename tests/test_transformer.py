@@ -401,3 +401,20 @@ def test_half_precision_decoding_with_fp32_memory_computes_the_step_attention_in
             steps = torch.stack([half.decode_step(tgt[:, t : t + 1], state) for t in range(4)], 1)
         assert steps.dtype == torch.bfloat16
         torch.testing.assert_close(steps.float(), reference, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize(
+    "flags, device, expected",
+    [
+        ("flags : fpu avx2 avx512_bf16 amx_tile amx_bf16", "cpu", None),  # AMX: bf16 steps were faster
+        ("flags : fpu avx2 avx512f avx512_bf16", "cpu", torch.float32),  # oneDNN's kernels cost, MKL's fp32 not
+        ("flags : fpu avx2 fma", "cpu", torch.float32),
+        ("", "cpu", torch.float32),  # no /proc/cpuinfo
+        ("flags : fpu avx2 fma", "cuda", None),
+    ],
+)
+def test_decoding_keeps_cross_attention_memory_in_fp32_on_cpus_without_amx(monkeypatch, flags, device, expected):
+    from transformer_cli import decode, runtime
+
+    monkeypatch.setattr(runtime, "_cpu_flags", lambda: flags)
+    assert decode.step_memory_dtype(torch.device(device)) is expected

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from transformer_cli.models.buckets import bucket
 from transformer_cli.models.transformer import Transformer
+from transformer_cli.runtime import cpu_has_amx
 
 # Sizes per doubling of the active sentence count. Each count a shrinking batch passes through brings its own
 # matmul shapes (projections, and attention with every cache length and source width), compiled once each by
@@ -68,11 +69,14 @@ def _filled(index: Tensor, n: int) -> Tensor:
 
 
 def step_memory_dtype(device: torch.device) -> torch.dtype | None:
-    """The dtype of the cross-attention keys and values during decoding steps: fp32 on a CPU, where a
-    half-precision batched matmul goes through oneDNN, which compiles a kernel for every shape, and the
-    source width times the sentence count makes many; fp32 goes through MKL, which compiles none, and is
-    as fast at these few queries per sentence (BENCHMARKS.md, "Memory"). None (the model's dtype) elsewhere."""
-    return torch.float32 if device.type == "cpu" else None
+    """The dtype of the cross-attention keys and values during decoding steps; None keeps the model's dtype.
+
+    fp32 on a CPU without AMX. A half-precision batched matmul goes through oneDNN there, which compiles a kernel
+    for every shape, and the source width times the sentence count makes many. fp32 goes through MKL, which
+    compiles none, and is as fast at these few queries per sentence (AVX-512 BF16 EPYC). With AMX, bf16 steps
+    decode 6% faster even with their kernels (BENCHMARKS.md, "Memory" and the Xeon's section), so there, and on
+    GPUs, the model's dtype."""
+    return torch.float32 if device.type == "cpu" and not cpu_has_amx() else None
 
 
 def memory_slots(need: int, full: int) -> int:

@@ -22,15 +22,24 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @functools.cache
+def _cpu_flags() -> str:
+    """/proc/cpuinfo's text (its flags lines), or '' where there is none."""
+    if sys.platform == "darwin":
+        return ""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_has_bf16_matmul() -> bool:
     """True when the CPU has native bf16 matrix instructions (AVX512-BF16 or AMX), where bf16 pays off."""
-    if sys.platform == "darwin":
-        return False
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(flag in flags for flag in (" avx512_bf16", " amx_bf16"))
+    return any(flag in _cpu_flags() for flag in (" avx512_bf16", " amx_bf16"))
+
+
+def cpu_has_amx() -> bool:
+    """True when the CPU has AMX tile instructions for bf16 (Intel Xeon since Sapphire Rapids)."""
+    return " amx_bf16" in _cpu_flags()
 
 
 @functools.cache
