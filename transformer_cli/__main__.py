@@ -1,6 +1,16 @@
 """`python -m transformer_cli` works like `tcli` (and under torchrun)."""
 
-from transformer_cli.cli import main
+from transformer_cli.malloc import restart_with_mimalloc
+
+
+def entry() -> None:
+    """The `tcli` command: the process starts itself again under mimalloc where it is installed (malloc.py:
+    resident memory that stays flat), before anything heavy is imported; then the app runs."""
+    restart_with_mimalloc()
+    from transformer_cli.cli import main
+
+    main()
+
 
 if __name__ == "__main__":
-    main()
+    entry()

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from transformer_cli import malloc
 from transformer_cli.errors import UserError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -48,8 +49,9 @@ def keep_large_allocations_in_heap() -> bool:
     zero-fills on first touch; a training step allocates and frees several such tensors (the vocabulary-
     sized logits and softmax among them), paying those page faults every step. A fixed 1 GB threshold
     keeps them in the heap for reuse (measured: +7% translation throughput on 2 CPU cores). Linux/glibc
-    only; elsewhere this does nothing."""
-    if not sys.platform.startswith("linux"):
+    only, and only when glibc's malloc serves the process (not under mimalloc: malloc.py); elsewhere this
+    does nothing."""
+    if not sys.platform.startswith("linux") or malloc.in_use() != "system":
         return False
     try:
         import ctypes
@@ -65,8 +67,8 @@ def release_free_memory() -> None:
     """Hand the heap's free pages back to the OS (glibc malloc_trim). With the 1 GB thresholds above the
     heap keeps what it once held; evaluation and checkpointing allocate other sizes than a training
     step, and without this each of them would leave the process's resident memory a step higher.
-    Linux/glibc only; elsewhere this does nothing."""
-    if not sys.platform.startswith("linux"):
+    Linux/glibc only (not under mimalloc, which reuses what it holds: malloc.py); elsewhere this does nothing."""
+    if not sys.platform.startswith("linux") or malloc.in_use() != "system":
         return
     try:
         import ctypes
@@ -226,4 +228,5 @@ class Runtime:
     def describe(self) -> str:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "CPU"
         where = f", rank {self.rank} of {self.world_size}" if self.distributed else ""
-        return f"{self.device} ({name}), {self.precision}, {torch.get_num_threads()} threads{where}"
+        threads = torch.get_num_threads()
+        return f"{self.device} ({name}), {self.precision}, {threads} threads, malloc {malloc.in_use()}{where}"
