@@ -23,10 +23,10 @@ from pathlib import Path
 
 CHOICE = "TCLI_MALLOC"  # auto (default): mimalloc where installed; system: the C library's malloc
 STARTED = "TCLI_MALLOC_STARTED"  # set in the started process, which does not start itself again
-# mimalloc hands a page that stayed free for 10 ms back to the OS by default; a training step frees its large
-# tensors and allocates the same sizes again a fraction of a second later, so each step would fault them in
-# again, zero-filled page by page (BENCHMARKS.md, "Memory": translation training 9% slower). Kept instead, they are reused, and the
-# resident memory is what the largest step and validation need, which does not grow.
+# By default mimalloc hands pages that stayed free past a short delay back to the OS (purging); a training step
+# frees its large tensors and allocates the same sizes again soon after, and a purged page is faulted in again,
+# zero-filled (BENCHMARKS.md, "Memory": translation training 9% slower with purging). Kept, they are reused,
+# and the resident memory is what the largest step and validation need, which does not grow.
 MIMALLOC_SETTINGS = {"MIMALLOC_PURGE_DELAY": "-1"}
 _PRELOADED = ("mimalloc", "jemalloc", "tcmalloc")  # allocators a user may have preloaded
 COMMANDS = ("train",)  # the commands that run under mimalloc (see above)
