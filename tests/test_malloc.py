@@ -86,3 +86,16 @@ def test_a_process_restarts_itself_once_under_mimalloc(choice, expected):
     (after,) = [rest for word, *rest in lines if word == "after"]
     assert len(befores) == (2 if choice == "auto" else 1) and set(befores) == {after[0]}
     assert after[1] == f"{expected} ['train', '--y']"
+
+
+def test_an_unknown_choice_is_a_one_line_error():
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer_cli", "train", "--config", "configs/quickstart.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TCLI_MALLOC": "jemalloc"},
+    )
+    assert result.returncode == 2
+    assert result.stderr == "error: TCLI_MALLOC='jemalloc': expected auto (the default) or system\n"

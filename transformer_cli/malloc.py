@@ -66,7 +66,12 @@ def start_with_mimalloc(
 
 def restart_with_mimalloc() -> None:
     """Replace this process by the same command under mimalloc, or return where there is nothing to change
-    (see `start_with_mimalloc`)."""
+    (see `start_with_mimalloc`). A TCLI_MALLOC that is neither auto nor system is a user's error: one line,
+    exit code 2."""
+    choice = os.environ.get(CHOICE, "auto")
+    if choice not in ("auto", "system"):
+        print(f"error: {CHOICE}={choice!r}: expected auto (the default) or system", file=sys.stderr)
+        sys.exit(2)
     started = start_with_mimalloc(sys.argv[1:])
     if started is not None:
         argv, env = started
