@@ -89,8 +89,9 @@ def test_a_process_restarts_itself_once_under_mimalloc(choice, expected):
 
 
 def test_an_unknown_choice_is_a_one_line_error():
+    """Checked before the command line is read (`--help` would exit 0), so a regression writes no run."""
     result = subprocess.run(
-        [sys.executable, "-m", "transformer_cli", "train", "--config", "configs/quickstart.yaml"],
+        [sys.executable, "-m", "transformer_cli", "train", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
