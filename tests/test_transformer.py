@@ -418,3 +418,60 @@ def test_decoding_keeps_cross_attention_memory_in_fp32_on_cpus_without_amx(monke
 
     monkeypatch.setattr(runtime, "_cpu_flags", lambda: flags)
     assert decode.step_memory_dtype(torch.device(device)) is expected
+
+
+@pytest.mark.parametrize("which", ["translation", "bert"])
+def test_bf16_autocast_training_step_keeps_the_residual_stream_in_bf16(which):
+    """Under a CPU's bf16 autocast the residual stream is bf16 (`layers.residual_dtype`): in a training step,
+    forward and backward, no activation of the stream's size, (B, T, d), is converted between fp32 and bf16 but
+    each embeddings' output (and its gradient, back). With an fp32 stream, every linear layer's input was cast in
+    forward and its gradient back in backward. Outside autocast nothing is converted; the loss stays within bf16's
+    precision of the fp32 step's."""
+    from transformer_cli.models.bert import Bert
+
+    B, T, d = 6, 11, 32
+    g = torch.Generator().manual_seed(5)
+    if which == "translation":
+        embeddings = 2  # source and target
+        model = tiny(dropout=0.1).train()
+        src, tgt = random_src(B, T), random_src(B, T, seed=2)
+
+        def loss():
+            return model(src, tgt, tgt, 0.1).loss
+    else:
+        embeddings = 1
+        torch.manual_seed(0)
+        model = Bert(40, d_model=d, layers=2, heads=4, ffn_dim=64, max_positions=64).train()
+        ids = torch.randint(4, 40, (B, T), generator=g)
+        labels = torch.full_like(ids, IGNORE)
+        labels[:, 2::4] = ids[:, 2::4]
+
+        def loss():
+            out = model(ids, torch.zeros_like(ids), labels, torch.zeros(B, dtype=torch.long))
+            return out.mlm_loss + out.nsp_loss
+
+    class Conversions(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.casts: list[tuple[torch.dtype, torch.dtype]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            stream = src is not None and src.numel() == B * T * d and src.size(-1) == d
+            if stream and isinstance(out, torch.Tensor) and out.dtype != src.dtype and out.is_floating_point():
+                self.casts.append((src.dtype, out.dtype))
+            return out
+
+    values = {}
+    for autocast in (False, True):
+        torch.manual_seed(1)  # the same dropout masks
+        with Conversions() as mode:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                value = loss()
+            value.backward()
+        model.zero_grad(set_to_none=True)
+        values[autocast] = value.item()
+        expected = [(torch.float32, torch.bfloat16)] * embeddings + [(torch.bfloat16, torch.float32)] * embeddings
+        assert sorted(mode.casts, key=str) == (sorted(expected, key=str) if autocast else []), mode.casts
+    assert values[True] == pytest.approx(values[False], rel=0.02)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_cli.models.layers import Dropout, EncoderBlock
+from transformer_cli.models.layers import Dropout, EncoderBlock, residual_dtype
 from transformer_cli.models.losses import IGNORE, gather_rows, smoothed_cross_entropy
 
 
@@ -47,7 +47,7 @@ class BertEmbeddings(nn.Module):
         T = input_ids.size(1)
         positions = torch.arange(T, device=input_ids.device)
         x = self.token(input_ids) + self.position(positions) + self.segment(segment_ids)  # (B, T, d)
-        return self.dropout(self.norm(x))
+        return self.dropout(self.norm(residual_dtype(x)))
 
 
 # Name prefixes of the pretraining heads' parameters (MLM transform and bias, NSP): what fine-tuning leaves out.

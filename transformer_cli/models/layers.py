@@ -25,6 +25,23 @@ def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
     return table.float()
 
 
+def residual_dtype(x: Tensor) -> Tensor:
+    """The embeddings' output x in the dtype the residual stream carries: bf16 under a CPU's bf16 autocast,
+    otherwise x unchanged.
+
+    Autocast runs the matmuls in bf16 but leaves every sum x + sublayer(x) in fp32, where the fp32 embeddings
+    put it; then each linear layer casts its input to bf16 and backward casts each gradient back, about a fifth
+    of a CPU training step (BENCHMARKS.md). Started in bf16, the stream stays there: LayerNorm of a bf16 input
+    gives bf16 on a CPU (it accumulates in fp32), and so do the adds, as when decoding with bf16 weights.
+    Weights, their gradients and the optimizer's states stay fp32. bf16 only: it has fp32's range, fp16 does
+    not; and on a GPU autocast runs LayerNorm in fp32, so the stream would not stay bf16 there.
+    """
+    device = x.device.type
+    if device == "cpu" and torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.bfloat16:
+        return x.to(torch.bfloat16)
+    return x
+
+
 class _CPUDropout(torch.autograd.Function):
     """Inverted dropout whose mask comes from 16-bit uniforms cut out of 64-bit random words.
 

@@ -18,6 +18,7 @@ from transformer_cli.models.layers import (
     EncoderBlock,
     KVCache,
     init_embedding,
+    residual_dtype,
     scaled_embedding,
     sinusoidal_positions,
 )
@@ -111,7 +112,7 @@ class Transformer(nn.Module):
         if offset + T > self.positions.size(0):
             raise ValueError(f"sequence of {offset + T} tokens exceeds max_positions ({self.positions.size(0)})")
         x = scaled_embedding(emb, tokens) + self.positions[offset : offset + T]  # (B, T, d)
-        return self.dropout(x)
+        return self.dropout(residual_dtype(x))
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) token ids -> encoder output (B, S, d) and its padding mask (B, S)."""
