@@ -2,7 +2,7 @@
 
 Both start from one Hugging Face folder: `--checkpoint` (a tcli BERT checkpoint, exported here with
 `tcli export-hf`) or `--hf` (a folder already exported). Both use its tokenizer, batch 32, AdamW with weight
-decay 0.01, 10% linear warmup then linear decay, max length 128, gradient clipping at 1.0, and the same
+decay 0.01 and ε 1e-8, 10% linear warmup then linear decay, max length 128, gradient clipping at 1.0, and the same
 precision (`--precision`, default fp32).
 
   speed   (default) examples/s over `--steps` updates of each `--tasks` task, alternating ours and the
@@ -51,6 +51,7 @@ def ours(hf: Path, task: str, a: argparse.Namespace, out: Path, seed: int, steps
         f"train.lr={a.lr}",
         "train.warmup_ratio=0.1",
         "train.weight_decay=0.01",
+        "train.adam_eps=1e-8",  # the peer's AdamW is torch's default (tcli's fine-tuning default is BERT's 1e-6)
         f"train.precision={a.precision}",
         f"train.seed={seed}",
         f"train.log_every={log_every}",

@@ -18,6 +18,7 @@ import argparse
 import json
 import random
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from transformer_cli.kernel_shapes import (  # noqa: E402
     GemmShapes,
     created_again,
+    creation_ms,
     ending_sentences_at_random,
     onednn_creations,
     summary,
@@ -125,7 +127,9 @@ def window(warm_up, measured) -> dict:
         warm = len(shapes.seen)
         shapes.mark()
         with onednn_creations() as created:
+            start = time.perf_counter()
             measured()
+            seconds = time.perf_counter() - start
     misses = warm_created["misses"] + created["misses"]
     return {
         "warm_up_shapes": warm,
@@ -134,6 +138,8 @@ def window(warm_up, measured) -> dict:
         "new_shapes": sorted(shapes.new),
         "onednn_created": created["created"],
         "onednn_misses": created["misses"],
+        "onednn_ms": creation_ms(created["misses"]),
+        "window_s": seconds,
         "onednn_created_in_all": len(misses),
         "onednn_created_twice": created_again(misses),
     }
@@ -156,7 +162,10 @@ def line(r: dict) -> str:
 
     def cell(w: dict) -> str:
         new = f"{w['new']['projection']} + {w['new']['attention']}"
-        return f"{new} (of {w['warm_up_shapes']}; oneDNN {w['onednn_created']}, twice {w['onednn_created_twice']})"
+        cost = f" in {w['onednn_ms']:.0f} ms of the window's {w['window_s']:.1f} s" if w["onednn_created"] else ""
+        return (
+            f"{new} (of {w['warm_up_shapes']}; oneDNN {w['onednn_created']}{cost}, twice {w['onednn_created_twice']})"
+        )
 
     return " / ".join(cell(r[k]) for k in ("translation", "bert", "beam"))
 
@@ -178,6 +187,7 @@ def main() -> None:
             f"{k:12s} warm-up {w['warm_up']['projection']} / {w['warm_up']['attention']}; "
             f"new after warm-up {w['new']['projection']} / {w['new']['attention']}; "
             f"oneDNN kernels created in the window: {w['onednn_created']} "
+            f"({w['onednn_ms']:.0f} ms of {w['window_s']:.1f} s) "
             f"(in all {w['onednn_created_in_all']}, of which again after eviction {w['onednn_created_twice']})"
         )
         for s in w["new_shapes"][:10]:

@@ -8,7 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from transformer_cli.decode import BEAM_STEPS, DecodeOptions, decode_corpus, memory_slots
-from transformer_cli.kernel_shapes import GemmShapes, created_again, ending_sentences_at_random, onednn_creations
+from transformer_cli.kernel_shapes import (
+    GemmShapes,
+    created_again,
+    creation_ms,
+    ending_sentences_at_random,
+    onednn_creations,
+)
 from transformer_cli.models.buckets import bucket, buckets_upto
 from transformer_cli.models.transformer import Transformer
 
@@ -94,3 +100,5 @@ def test_a_kernel_created_again_is_one_whose_line_differs_only_in_its_time():
     misses = [f"{mm},,80x64:64x192,0.42", f"{mm},,80x64:64x64,0.29", f"{mm},,80x64:64x192,0.39"]
     assert created_again(misses) == 1
     assert created_again(misses[:2]) == 0
+    assert creation_ms(misses) == pytest.approx(0.42 + 0.29 + 0.39)
+    assert creation_ms([]) == 0

@@ -142,3 +142,8 @@ def ending_sentences_at_random(model: torch.nn.Module, eos_id: int, seed: int = 
         return out
 
     model.out_proj.register_forward_hook(raise_eos)
+
+
+def creation_ms(misses: list[str]) -> float:
+    """Milliseconds oneDNN spent creating the kernels of its `create:cache_miss` lines (each line's last field)."""
+    return sum(float(line.rsplit(",", 1)[1]) for line in misses)
