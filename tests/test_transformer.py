@@ -414,9 +414,9 @@ def test_half_precision_decoding_with_fp32_memory_computes_the_step_attention_in
     ],
 )
 def test_decoding_keeps_cross_attention_memory_in_fp32_on_cpus_without_amx(monkeypatch, flags, device, expected):
-    from transformer_cli import decode, runtime
+    from transformer_cli import cpu, decode
 
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(cpu, "flags", lambda: flags)
     assert decode.step_memory_dtype(torch.device(device)) is expected
 
 

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer_cli.cpu import has_amx
 from transformer_cli.models.buckets import bucket
 from transformer_cli.models.transformer import Transformer
-from transformer_cli.runtime import cpu_has_amx
 
 # Sizes per doubling of the active sentence count. Each count a shrinking batch passes through brings its own
 # matmul shapes (projections, and attention with every cache length and source width), compiled once each by
@@ -76,7 +76,7 @@ def step_memory_dtype(device: torch.device) -> torch.dtype | None:
     compiles none, and is as fast at these few queries per sentence (AVX-512 BF16 EPYC). With AMX, bf16 steps
     decode 6% faster even with their kernels (BENCHMARKS.md, "Memory" and the Xeon's section), so there, and on
     GPUs, the model's dtype."""
-    return torch.float32 if device.type == "cpu" and not cpu_has_amx() else None
+    return torch.float32 if device.type == "cpu" and not has_amx() else None
 
 
 def memory_slots(need: int, full: int) -> int:

@@ -11,36 +11,15 @@ import functools
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from transformer_cli import malloc
+from transformer_cli.cpu import has_bf16_matmul
 from transformer_cli.errors import UserError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@functools.cache
-def _cpu_flags() -> str:
-    """/proc/cpuinfo's text (its flags lines), or '' where there is none."""
-    if sys.platform == "darwin":
-        return ""
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-
-
-def cpu_has_bf16_matmul() -> bool:
-    """True when the CPU has native bf16 matrix instructions (AVX512-BF16 or AMX), where bf16 pays off."""
-    return any(flag in _cpu_flags() for flag in (" avx512_bf16", " amx_bf16"))
-
-
-def cpu_has_amx() -> bool:
-    """True when the CPU has AMX tile instructions for bf16 (Intel Xeon since Sapphire Rapids)."""
-    return " amx_bf16" in _cpu_flags()
 
 
 @functools.cache
@@ -109,7 +88,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
         return precision
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if device.type == "cpu" and cpu_has_bf16_matmul() else "fp32"
+    return "bf16" if device.type == "cpu" and has_bf16_matmul() else "fp32"
 
 
 def distributed_env() -> tuple[int, int, int] | None:
