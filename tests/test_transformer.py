@@ -309,6 +309,25 @@ def test_cpu_dropout_rate_scale_gradient_and_seed():
     assert torch.equal(drop.eval()(x), x)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_dropout_converts_its_mask_once(dtype):
+    """The mask is made in the activations' dtype, and forward and backward multiply by it directly: one
+    conversion of a mask-sized tensor (bool to that dtype, when it is made). A bool mask made each product convert
+    it again, in forward and in backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from transformer_cli.models.layers import Dropout
+
+    x = torch.randn(6, 7, 32, dtype=dtype, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        y = Dropout(0.1).train()(x)
+        y.backward(torch.ones_like(y))
+    copies = [e for e in prof.events() if e.name == "aten::copy_" and e.input_shapes[:1] == [list(x.shape)]]
+    assert len(copies) == 1
+    kept = y.detach() != 0
+    torch.testing.assert_close(x.grad, kept.to(dtype) / 0.9)  # the gradient through the same mask
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_training_attention_with_dropout_on_cpu_is_sdpa_with_a_cheaper_mask(causal):
     """dropout_attention (CPU training with attention dropout): at p ~ 0 it is SDPA with the same masks; at
@@ -341,6 +360,30 @@ def test_training_attention_with_dropout_on_cpu_is_sdpa_with_a_cheaper_mask(caus
     with Ops() as ops:
         attn(torch.randn(2, 5, 16), pad_mask=torch.zeros(2, 5, dtype=torch.bool), causal=causal).sum().backward()
     assert "aten.bmm.default" in ops.seen and not any("bernoulli" in op for op in ops.seen)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_training_attention_copies_no_weights_but_its_dropout_mask_once(dtype):
+    """dropout_attention's padding mask is added to the scores (its backward passes the gradient on as it is,
+    bitwise the same weights as masked_fill's), and the dropout mask is made in the scores' dtype: in forward and
+    backward one copy of a (B, H, T, S) tensor is left, the mask's conversion when it is made. masked_fill copied
+    the scores, then their gradient."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 6, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    pad[2] = True  # a row with no key: averages the values, as before
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out = dropout_attention(q, k, v, pad, False, 0.1)
+        out.sum().backward()
+    weights = [3, 2, 6, 6]
+    copies = [
+        e.name for e in prof.events() if e.name in ("aten::copy_", "aten::clone") and e.input_shapes[:1] == [weights]
+    ]
+    assert copies == ["aten::copy_"]
+    assert out.isfinite().all() and all(t.grad.isfinite().all() for t in (q, k, v))
 
 
 @pytest.mark.parametrize("full", [None, 19, 40, 100])
@@ -458,7 +501,7 @@ def test_bf16_autocast_training_step_keeps_the_residual_stream_in_bf16(which):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             src = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            stream = src is not None and src.numel() == B * T * d and src.size(-1) == d
+            stream = src is not None and src.is_floating_point() and src.numel() == B * T * d and src.size(-1) == d
             if stream and isinstance(out, torch.Tensor) and out.dtype != src.dtype and out.is_floating_point():
                 self.casts.append((src.dtype, out.dtype))
             return out

@@ -49,6 +49,10 @@ class _CPUDropout(torch.autograd.Function):
     one 64-bit word gives four 16-bit uniforms, so the mask costs a quarter of the draws.
     P(drop) = round(p * 65536) / 65536, within 1e-5 of p. The default generator is used, so seeding and
     checkpointed RNG states reproduce the masks exactly.
+
+    The mask is written as 1s and 0s in x's dtype, not as bools: a product of a bf16 (or fp32) tensor with a bool
+    one first converts the bools to a temporary of the tensor's dtype, once in forward and again in backward,
+    which made dropout take twice as long (BENCHMARKS.md).
     """
 
     @staticmethod
@@ -56,7 +60,7 @@ class _CPUDropout(torch.autograd.Function):
         n = x.numel()
         words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
         uniform16 = words.view(torch.int16)[:n].view(x.shape)  # uniform in [-32768, 32767]
-        keep = uniform16 >= round(p * 65536) - 32768
+        keep = torch.ge(uniform16, round(p * 65536) - 32768, out=torch.empty(x.shape, dtype=x.dtype))  # 1 / 0
         ctx.save_for_backward(keep)
         ctx.scale = 1.0 / (1.0 - p)
         return x.mul(keep).mul_(ctx.scale)
@@ -150,7 +154,12 @@ def dropout_attention(q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None, 
     scores = torch.matmul(q * q.size(-1) ** -0.5, k.transpose(-2, -1))  # (B, H, T, S)
     lowest = torch.finfo(scores.dtype).min
     if pad_mask is not None:
-        scores = scores.masked_fill(pad_mask[:, None, None, :], lowest)
+        # Added, not filled in: lowest + a score rounds to lowest, and the sum's backward passes the gradient on
+        # as it is, where masked_fill copies the scores and then their gradient. The weights are masked_fill's,
+        # bit for bit, and so are the gradients but in a row with no key at all (a batch's padding row), whose
+        # output no loss reads.
+        bias = torch.zeros(pad_mask.shape, dtype=scores.dtype, device=q.device).masked_fill_(pad_mask, lowest)
+        scores = scores + bias[:, None, None, :]  # (B, 1, 1, S) over heads and queries
     if causal:
         T, S = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool, device=q.device).triu(1), lowest)
