@@ -11,7 +11,10 @@ precision (`--precision`, default fp32).
           Ours: the median of the train events' examples_per_sec after the first (warm-up) interval, data
           loading included; the peer's: 32 / its median step time, tokenisation excluded.
   parity  `--epochs` over each task with `--seeds` seeds, both tools; the median over the seeds of each dev
-          metric after the last update, and the difference in points.
+          metric after the last update, and the difference in points. The peer's script ranks for Spearman
+          with ties broken by file order (not GLUE's average ranks; STS-B's dev scores tie often), so for a
+          regression task ours is also scored that way (`spearman_peer_ranks`, from `tcli predict` on dev)
+          and compared with the peer's like for like.
 
   python scripts/finetune_benchmark.py --checkpoint runs/bert-gb/checkpoints/last.pt --data ../shared/data/glue
   python scripts/finetune_benchmark.py --hf runs/hf --mode parity --tasks sst2,mrpc,stsb,rte,cola --seeds 3
@@ -28,7 +31,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from transformer_cli.datasets.labeled import GLUE_TASKS
+import numpy as np
+
+from transformer_cli.datasets.labeled import GLUE_TASKS, read_glue
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # as when run as a script: its sibling imports by name
 from benchmark import PEERS, SHARED, events, machine, overrides, peer, run, steady, tcli  # noqa: E402
@@ -64,7 +69,29 @@ def ours(hf: Path, task: str, a: argparse.Namespace, out: Path, seed: int, steps
     run(tcli("finetune", "--config", str(config), "--out", str(out), "--quiet", *overrides(sets)))
     last = events(out, "eval")[-1]
     speed = steady(out, "examples_per_sec") if steps else None  # parity runs may log no interval to read
-    return {"examples_per_sec": speed, "dev": {k: last[k] for k in GLUE_TASKS[task].metrics}}
+    dev = {k: last[k] for k in GLUE_TASKS[task].metrics}
+    if GLUE_TASKS[task].kind == "regression" and not steps:
+        dev["spearman_peer_ranks"] = spearman_peer_ranks(out, task, a)
+    return {"examples_per_sec": speed, "dev": dev}
+
+
+def spearman_peer_ranks(out: Path, task: str, a: argparse.Namespace) -> float:
+    """Spearman's rho of the run's dev predictions as the peer's script computes it: Pearson's r of ordinal
+    ranks, ties (in gold and in predictions) broken by file order, where GLUE's definition averages them."""
+    dev_tsv = a.data / GLUE_TASKS[task].folder / "dev.tsv"
+    checkpoint = out / "checkpoints" / "last.pt"
+    args = ["predict", "--checkpoint", str(checkpoint), "--input", str(dev_tsv), "--precision", a.precision]
+    pred = [float(line) for line in run(tcli(*args)).stdout.split()]
+    return peer_spearman(pred, [float(e.label) for e in read_glue(a.data, task, "dev")])
+
+
+def peer_spearman(pred: list[float], gold: list[float]) -> float:
+    """peer_hf_finetune.py's Spearman: Pearson's r of ordinal ranks (a stable argsort: ties by file order)."""
+
+    def rank(v: list[float]) -> np.ndarray:
+        return np.argsort(np.argsort(np.asarray(v, dtype=float), kind="stable"), kind="stable").astype(float)
+
+    return float(np.corrcoef(rank(pred), rank(gold))[0, 1])
 
 
 def theirs(hf: Path, task: str, a: argparse.Namespace, seed: int, steps: int | None, pad_to_max: bool = False) -> dict:
@@ -111,6 +138,10 @@ def parity(hf: Path, a: argparse.Namespace, work: Path) -> dict:
             for tool, results in runs.items()
         }
         diff = {k: 100 * (med["ours"][k] - med["peer"][k]) for k in GLUE_TASKS[task].metrics}
+        if GLUE_TASKS[task].kind == "regression":  # like for like: both ranked as the peer's script ranks
+            med["ours"]["spearman_peer_ranks"] = statistics.median(r["spearman_peer_ranks"] for r in runs["ours"])
+            med["peer"]["spearman_peer_ranks"] = med["peer"]["spearman"]
+            diff["spearman_peer_ranks"] = 100 * (med["ours"]["spearman_peer_ranks"] - med["peer"]["spearman"])
         out[task] = {"median": med, "difference_points": diff, "runs": runs}
     return out
 
