@@ -556,7 +556,13 @@ class FinetuneTrainConfig(TrainConfig):
     weight_decay: float = Field(0.01, ge=0.0, description="AdamW decoupled weight decay (not on biases/norms)")
     eval_every: int = Field(500, ge=1, description="evaluate every this many updates (and at each epoch end)")
     keep_last: int = Field(1, ge=0, description="step checkpoints kept besides best.pt and last.pt")
-    pad_to_multiple: int = Field(1, ge=1, le=512, description="pad batch lengths to a multiple of this")
+    pad_to_multiple: int = Field(
+        1,
+        ge=1,
+        le=512,
+        description="a batch is padded to its longest member rounded up to a set of 8 sizes per doubling, each "
+        "a multiple of this (at most data.max_seq_len): few repeating tensor shapes keep kernel caches warm",
+    )
     pad_to_max: bool = Field(False, description="pad every batch to data.max_seq_len (for benchmarks)")
 
 

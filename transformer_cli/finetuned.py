@@ -18,6 +18,7 @@ from transformer_cli import task_metrics
 from transformer_cli.bert_tokenizer import BertTokenizer, pack
 from transformer_cli.config import BertModelConfig
 from transformer_cli.errors import UserError
+from transformer_cli.models.buckets import bucket
 from transformer_cli.models.losses import IGNORE
 
 # ----------------------------------------------------------------------------- the checkpoint's metadata
@@ -219,6 +220,14 @@ def collate(
     return ClassifierBatch(ids, types, labels, items, int(sum(len(features.ids[r]) for r in rows)))
 
 
+def batch_width(longest: int, multiple: int, limit: int) -> int:
+    """The width a batch whose longest member has `longest` pieces is padded to: `bucket(longest, multiple)`, one
+    of 8 sizes per doubling (at most 12.5% padding), but never beyond `limit` (max_seq_len). Exact widths would
+    give every batch length its own matmul shapes, whose oneDNN kernels (bf16 on CPU) outnumber its kernel cache:
+    fine-tuning on MRPC re-created them all at every epoch (BENCHMARKS.md, "Fine-tuning speed")."""
+    return max(longest, min(bucket(longest, multiple), limit))
+
+
 def length_order(features: Features, max_tokens_rows: int) -> list[list[int]]:
     """Inference batches of `max_tokens_rows` rows in length order (little padding), no shuffling."""
     order = sorted(range(len(features)), key=lambda i: len(features.ids[i]))
@@ -237,13 +246,16 @@ def predict_logits(
     kind: str,
     device: torch.device,
     context: Callable,
+    limit: int,
 ) -> list[Tensor]:
-    """The float32 logits of every example, in the examples' order: (C,), (1,) or, for tagging, (words, C)."""
+    """The float32 logits of every example, in the examples' order: (C,), (1,) or, for tagging, (words, C).
+    Each batch is padded to `batch_width(its longest, 1, limit)`, the widths training takes."""
     was_training = model.training
     model.eval()
     out: list[Tensor | None] = [None] * len(features)
     for rows in batches:
-        batch = collate(features, rows, pad_id, kind)
+        width = batch_width(max(len(features.ids[r]) for r in rows), 1, limit)
+        batch = collate(features, rows, pad_id, kind, width)
         with context():
             logits = model(batch.input_ids.to(device), batch.segment_ids.to(device))
         logits = logits.float().cpu()
@@ -323,6 +335,8 @@ def evaluate_examples(
     and `tcli evaluate` prints, computed by this one function."""
     features = features if features is not None else features_of(meta, examples)
     batches = length_order(features, EVAL_ROWS)
-    logits = predict_logits(model, features, batches, meta.tokenizer.pad_id, meta.kind, device, context)
+    logits = predict_logits(
+        model, features, batches, meta.tokenizer.pad_id, meta.kind, device, context, meta.max_seq_len
+    )
     preds, _ = decide(meta.kind, logits)
     return score(meta, metrics, examples, preds), preds

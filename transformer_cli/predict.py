@@ -70,6 +70,7 @@ class Predictor:
             meta.kind,
             self.runtime.device,
             self.runtime.context,
+            meta.max_seq_len,
         )
         preds, probs = decide(meta.kind, logits)
         return [format_prediction(meta, ex, p, q) for ex, p, q in zip(examples, preds, probs)]

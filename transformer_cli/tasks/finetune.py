@@ -18,7 +18,14 @@ from transformer_cli.config import FinetuneRunConfig
 from transformer_cli.console import say
 from transformer_cli.datasets.bert import length_batches
 from transformer_cli.datasets.labeled import LabelledData
-from transformer_cli.finetuned import Features, FinetuneMeta, collate, evaluate_examples, features_of
+from transformer_cli.finetuned import (
+    Features,
+    FinetuneMeta,
+    batch_width,
+    collate,
+    evaluate_examples,
+    features_of,
+)
 from transformer_cli.runtime import Runtime
 
 
@@ -50,7 +57,8 @@ class FinetuneTask:
     def make_batch(self, spec: list[int], epoch: int) -> Any:
         t = self.cfg.train
         longest = max(len(self.train.ids[r]) for r in spec)
-        length = self.meta.max_seq_len if t.pad_to_max else -(-longest // t.pad_to_multiple) * t.pad_to_multiple
+        limit = self.meta.max_seq_len
+        length = limit if t.pad_to_max else batch_width(longest, t.pad_to_multiple, limit)
         return collate(self.train, spec, self.meta.tokenizer.pad_id, self.meta.kind, max(length, longest))
 
     def step_loss(self, model: nn.Module, batch: Any, norms: dict[str, int]) -> tuple[Tensor, dict]:
