@@ -381,7 +381,8 @@ def table(r: dict) -> str:
         rows.append(
             f"| new GEMM shapes after warm-up (projection + attention; of the warm-up's; oneDNN kernels created, "
             f"and created twice over warm-up and window), "
-            f"translation / BERT / beam search, {r['shapes']['precision']} (`python scripts/kernel_shapes.py`) | "
+            f"translation / BERT / beam search / fine-tuning, {r['shapes']['precision']} "
+            f"(`python scripts/kernel_shapes.py`) | "
             f"{kernel_shapes_line(r['shapes'])} | — | — | 0 |"
         )
     if "ddp" in r:

@@ -6,8 +6,9 @@ decay 0.01 and ε 1e-8, 10% linear warmup then linear decay, max length 128, gra
 precision (`--precision`, default fp32).
 
   speed   (default) examples/s over `--steps` updates of each `--tasks` task, alternating ours and the
-          peer `--rounds` times: ours pads each length-bucketed batch to its longest member; the peer pads
-          its random batches to their longest member, and again with `--pad-to-max` (run_glue.py's default).
+          peer `--rounds` times: ours pads each length-bucketed batch to its longest member (rounded up to
+          8 widths per doubling); the peer pads its random batches to their longest member, and again with
+          `--pad-to-max` (run_glue.py's default).
           Ours: the median of the train events' examples_per_sec after the first (warm-up) interval, data
           loading included; the peer's: 32 / its median step time, tokenisation excluded.
   parity  `--epochs` over each task with `--seeds` seeds, both tools; the median over the seeds of each dev

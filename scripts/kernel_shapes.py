@@ -1,15 +1,16 @@
-"""New GEMM shapes (and oneDNN kernel creations) after warm-up: translation training, BERT training, beam search.
+"""New GEMM shapes (and oneDNN kernel creations) after warm-up: translation training, BERT training, beam search,
+BERT fine-tuning.
 
     python scripts/kernel_shapes.py [--json]
 
-Each workload runs tcli's own batching and model code on a synthetic corpus with a realistic length mix, in
-the precision `auto` picks on this CPU: a warm-up (one epoch of training batches; one set of sentences to
-translate), then a window of the same kind (the next epoch; a third as many other sentences). Printed per
-workload: the distinct GEMM shapes of the warm-up, the shapes first seen in the window (projections mm/addmm;
-attention bmm), oneDNN's kernel creations in the window (0 where torch does not multiply through oneDNN, as
-for fp32 on most CPUs), and how many kernels oneDNN created a second time over the whole run (warm-up and
-window: a kernel evicted from its cache and needed again). A shape-keyed kernel cache that holds the
-warm-up's shapes creates nothing afterwards when the window brings no new shape.
+Each workload runs tcli's own batching and model code on a synthetic corpus with a realistic length mix, in the
+precision `auto` picks on this CPU: a warm-up (one epoch of training batches, for fine-tuning with its dev
+evaluation; one set of sentences to translate), then a window of the same kind (the next epoch; a third as many
+other sentences). Printed per workload: the distinct GEMM shapes of the warm-up, the shapes first seen in the
+window (projections mm/addmm; attention bmm), oneDNN's kernel creations in the window (0 where torch does not
+multiply through oneDNN, as for fp32 on most CPUs), and how many kernels oneDNN created a second time over the
+whole run (warm-up and window: a kernel evicted from its cache and needed again). A shape-keyed kernel cache that
+holds the warm-up's shapes creates nothing afterwards when the window brings no new shape.
 """
 
 from __future__ import annotations
@@ -102,6 +103,38 @@ def bert(runtime: Runtime, docs: int, batch_size: int) -> dict:
     return window(lambda: epoch(0), lambda: epoch(1))
 
 
+def finetune(runtime: Runtime, examples: int) -> dict:
+    """Sentence-pair classification with `tcli finetune`'s batches (length-bucketed, `finetuned.batch_width`) and
+    its dev evaluation (`predict_logits`) after each epoch: MRPC's size and length mix (pairs of ~65 pieces, up
+    to max_seq_len 128)."""
+    from transformer_cli.datasets.bert import length_batches
+    from transformer_cli.finetuned import EVAL_ROWS, Features, batch_width, collate, length_order, predict_logits
+    from transformer_cli.models.bert import Bert
+    from transformer_cli.models.heads import BertClassifier
+
+    rng = np.random.default_rng(0)
+
+    def features(n: int) -> Features:
+        sizes = np.clip(rng.lognormal(np.log(60.0), 0.35, n).round(), 8, 128).astype(np.int64)
+        ids = [[9] * int(k) for k in sizes]
+        return Features(ids=ids, types=[[0] * len(x) for x in ids], labels=rng.integers(0, 2, n).tolist())
+
+    train, dev = features(examples), features(examples // 9)
+    torch.manual_seed(0)
+    model = BertClassifier(Bert(VOCAB, 64, 2, 4, 128, max_positions=128, pretraining_heads=False), "classification", 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def epoch(e: int) -> None:
+        model.train()
+        for rows in length_batches([len(x) for x in train.ids], 32, random.Random(e)):
+            width = batch_width(max(len(train.ids[r]) for r in rows), 1, 128, runtime.kernel_per_shape)
+            b = collate(train, rows, PAD, "classification", width)
+            train_step(model, lambda m, b=b: m(b.input_ids, b.segment_ids, b.labels).loss, optimizer, runtime)
+        predict_logits(model, dev, length_order(dev, EVAL_ROWS), PAD, "classification", runtime, 128)
+
+    return window(lambda: epoch(0), lambda: epoch(1))
+
+
 def beam(runtime: Runtime, sentences: int) -> dict:
     from transformer_cli.decode import DecodeOptions, decode_corpus
     from transformer_cli.models.transformer import Transformer
@@ -154,11 +187,12 @@ def measure(quick: bool = False) -> dict:
         "translation": translation(runtime, 1000 * scale, 2560),
         "bert": bert(runtime, 60 * scale, 32),
         "beam": beam(runtime, 100 * scale),
+        "finetune": finetune(runtime, 1223 * scale),
     }
 
 
 def line(r: dict) -> str:
-    """One row for the benchmark table: new shapes after warm-up, translation / BERT / beam search."""
+    """One row for the benchmark table: new shapes after warm-up, translation / BERT / beam search / fine-tuning."""
 
     def cell(w: dict) -> str:
         new = f"{w['new']['projection']} + {w['new']['attention']}"
@@ -167,7 +201,7 @@ def line(r: dict) -> str:
             f"{new} (of {w['warm_up_shapes']}; oneDNN {w['onednn_created']}{cost}, twice {w['onednn_created_twice']})"
         )
 
-    return " / ".join(cell(r[k]) for k in ("translation", "bert", "beam"))
+    return " / ".join(cell(r[k]) for k in ("translation", "bert", "beam", "finetune") if k in r)
 
 
 def main() -> None:
@@ -181,7 +215,7 @@ def main() -> None:
         print(json.dumps(r, default=list))
         return
     print(f"precision {r['precision']}; per workload: warm-up shapes (projection / attention), then new in the window")
-    for k in ("translation", "bert", "beam"):
+    for k in ("translation", "bert", "beam", "finetune"):
         w = r[k]
         print(
             f"{k:12s} warm-up {w['warm_up']['projection']} / {w['warm_up']['attention']}; "

@@ -3,7 +3,6 @@ metrics, best.pt, exact resume after SIGKILL, a finished run untouched, bad rows
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 from pathlib import Path
@@ -365,14 +364,16 @@ def _features(lengths: list[int]) -> Any:
     return Features(ids=[[5] * n for n in lengths], types=[[0] * n for n in lengths], labels=[0] * len(lengths))
 
 
-def test_batch_widths_come_from_a_small_set_and_never_pass_max_seq_len():
-    """Training and evaluation batches are padded to one of 8 widths per doubling of their longest member (at
-    most 12.5% padding), capped at max_seq_len: each exact width would bring its own matmul shapes, whose oneDNN
-    kernels outnumbered the kernel cache (MRPC re-created them all at every epoch)."""
+def test_batch_widths_come_from_a_small_set_where_kernels_compile_per_shape():
+    """Where matmuls compile a kernel per shape (bf16 on a CPU), training and evaluation batches are padded to one
+    of 8 widths per doubling of their longest member (at most 12.5% padding), capped at max_seq_len: each exact
+    width would bring its own kernels, more than oneDNN's cache holds (MRPC compiled them again every epoch).
+    Elsewhere (fp32: MKL compiles nothing) to their longest member, or the next multiple of pad_to_multiple."""
     from types import SimpleNamespace
 
     from transformer_cli.finetuned import predict_logits
     from transformer_cli.models.buckets import bucket
+    from transformer_cli.runtime import Runtime
     from transformer_cli.tasks.finetune import FinetuneTask
 
     max_seq_len = 100
@@ -381,17 +382,20 @@ def test_batch_widths_come_from_a_small_set_and_never_pass_max_seq_len():
     task.train = _features(lengths)
     task.meta = SimpleNamespace(max_seq_len=max_seq_len, tokenizer=SimpleNamespace(pad_id=0), kind="classification")
 
-    def widths(**train) -> list[int]:
+    def widths(bucketed: bool, **train) -> list[int]:
+        task.bucketed = bucketed
         task.cfg = SimpleNamespace(train=SimpleNamespace(**{"pad_to_max": False, "pad_to_multiple": 1, **train}))
         return [task.make_batch([n - 1, 0], epoch=0).input_ids.size(1) for n in lengths]
 
     for multiple in (1, 8):
-        got = widths(pad_to_multiple=multiple)
+        got = widths(True, pad_to_multiple=multiple)
         for n, w in zip(lengths, got):
             assert n <= w <= max(n, max_seq_len) and (w == max_seq_len or w == bucket(n, multiple)), (n, w)
             assert w - n <= max(multiple - 1, n // 8), (n, w)  # at most 12.5% (or the multiple's rounding)
         assert len(set(got)) <= 40  # of 100 lengths: 8 per doubling
-    assert set(widths(pad_to_max=True)) == {max_seq_len}
+        exact = widths(False, pad_to_multiple=multiple)
+        assert exact == [min(-(-n // multiple) * multiple, max_seq_len) for n in lengths]
+    assert set(widths(True, pad_to_max=True)) == set(widths(False, pad_to_max=True)) == {max_seq_len}
 
     class Recorder(torch.nn.Module):
         def __init__(self):
@@ -402,7 +406,9 @@ def test_batch_widths_come_from_a_small_set_and_never_pass_max_seq_len():
             self.widths.append(ids.size(1))
             return torch.zeros(ids.size(0), 2)
 
-    model = Recorder()
-    batches = [[n - 1] for n in lengths]
-    predict_logits(model, task.train, batches, 0, "classification", torch.device("cpu"), contextlib.nullcontext, 100)
-    assert model.widths == widths()  # evaluation and `tcli predict` take training's widths
+    for precision, bucketed in (("bf16", True), ("fp32", False)):
+        runtime = Runtime(torch.device("cpu"), precision)
+        assert runtime.kernel_per_shape is bucketed
+        model = Recorder()
+        predict_logits(model, task.train, [[n - 1] for n in lengths], 0, "classification", runtime, max_seq_len)
+        assert model.widths == widths(bucketed)  # evaluation and `tcli predict` take training's widths

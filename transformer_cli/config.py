@@ -560,8 +560,9 @@ class FinetuneTrainConfig(TrainConfig):
         1,
         ge=1,
         le=512,
-        description="a batch is padded to its longest member rounded up to a set of 8 sizes per doubling, each "
-        "a multiple of this (at most data.max_seq_len): few repeating tensor shapes keep kernel caches warm",
+        description="a batch is padded to its longest member rounded up to a multiple of this (at most "
+        "data.max_seq_len); in bf16 on a CPU, up to a set of 8 sizes per doubling, each a multiple of this: "
+        "few repeating tensor shapes keep oneDNN's kernel cache warm",
     )
     pad_to_max: bool = Field(False, description="pad every batch to data.max_seq_len (for benchmarks)")
 

@@ -7,9 +7,9 @@ here imports the training modules.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +20,9 @@ from transformer_cli.config import BertModelConfig
 from transformer_cli.errors import UserError
 from transformer_cli.models.buckets import bucket
 from transformer_cli.models.losses import IGNORE
+
+if TYPE_CHECKING:
+    from transformer_cli.runtime import Runtime
 
 # ----------------------------------------------------------------------------- the checkpoint's metadata
 
@@ -220,12 +223,17 @@ def collate(
     return ClassifierBatch(ids, types, labels, items, int(sum(len(features.ids[r]) for r in rows)))
 
 
-def batch_width(longest: int, multiple: int, limit: int) -> int:
-    """The width a batch whose longest member has `longest` pieces is padded to: `bucket(longest, multiple)`, one
-    of 8 sizes per doubling (at most 12.5% padding), but never beyond `limit` (max_seq_len). Exact widths would
-    give every batch length its own matmul shapes, whose oneDNN kernels (bf16 on CPU) outnumber its kernel cache:
-    fine-tuning on MRPC re-created them all at every epoch (BENCHMARKS.md, "Fine-tuning speed")."""
-    return max(longest, min(bucket(longest, multiple), limit))
+def batch_width(longest: int, multiple: int, limit: int, bucketed: bool) -> int:
+    """The width a batch whose longest member has `longest` pieces is padded to: the next multiple of `multiple`,
+    or, `bucketed`, `bucket(longest, multiple)`, one of 8 sizes per doubling (at most 12.5% more); never beyond
+    `limit` (max_seq_len) but for a longest member already there.
+
+    Bucketed where matmuls compile a kernel per shape (`Runtime.kernel_per_shape`: bf16 on a CPU): with exact
+    widths, fine-tuning on MRPC met ~1,700 kernels, more than oneDNN's cache holds, and compiled 1,220 of them
+    again at every epoch (17% of its time); elsewhere the padding would only cost (5% in fp32; BENCHMARKS.md,
+    "Fine-tuning speed")."""
+    width = bucket(longest, multiple) if bucketed else -(-longest // multiple) * multiple
+    return max(longest, min(width, limit))
 
 
 def length_order(features: Features, max_tokens_rows: int) -> list[list[int]]:
@@ -244,20 +252,19 @@ def predict_logits(
     batches: Iterable[list[int]],
     pad_id: int,
     kind: str,
-    device: torch.device,
-    context: Callable,
+    runtime: Runtime,
     limit: int,
 ) -> list[Tensor]:
     """The float32 logits of every example, in the examples' order: (C,), (1,) or, for tagging, (words, C).
-    Each batch is padded to `batch_width(its longest, 1, limit)`, the widths training takes."""
+    Each batch is padded to `batch_width(its longest, 1, limit, ...)`, the widths training takes."""
     was_training = model.training
     model.eval()
     out: list[Tensor | None] = [None] * len(features)
     for rows in batches:
-        width = batch_width(max(len(features.ids[r]) for r in rows), 1, limit)
+        width = batch_width(max(len(features.ids[r]) for r in rows), 1, limit, runtime.kernel_per_shape)
         batch = collate(features, rows, pad_id, kind, width)
-        with context():
-            logits = model(batch.input_ids.to(device), batch.segment_ids.to(device))
+        with runtime.context():
+            logits = model(batch.input_ids.to(runtime.device), batch.segment_ids.to(runtime.device))
         logits = logits.float().cpu()
         for i, r in enumerate(rows):
             out[r] = logits[i, features.first_pieces[r]] if kind == "tagging" else logits[i]
@@ -328,15 +335,12 @@ def evaluate_examples(
     metrics: Sequence[str],
     examples: list[Any],
     features: Features | None,
-    device: torch.device,
-    context: Callable,
+    runtime: Runtime,
 ) -> tuple[dict[str, float], list[Any]]:
     """(the metrics and score, the predictions) of labelled examples: what training logs at each evaluation
     and `tcli evaluate` prints, computed by this one function."""
     features = features if features is not None else features_of(meta, examples)
     batches = length_order(features, EVAL_ROWS)
-    logits = predict_logits(
-        model, features, batches, meta.tokenizer.pad_id, meta.kind, device, context, meta.max_seq_len
-    )
+    logits = predict_logits(model, features, batches, meta.tokenizer.pad_id, meta.kind, runtime, meta.max_seq_len)
     preds, _ = decide(meta.kind, logits)
     return score(meta, metrics, examples, preds), preds

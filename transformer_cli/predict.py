@@ -68,8 +68,7 @@ class Predictor:
             length_order(feats, ROWS),
             meta.tokenizer.pad_id,
             meta.kind,
-            self.runtime.device,
-            self.runtime.context,
+            self.runtime,
             meta.max_seq_len,
         )
         preds, probs = decide(meta.kind, logits)

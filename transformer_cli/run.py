@@ -28,6 +28,7 @@ from transformer_cli.vocab import Vocab
 
 if TYPE_CHECKING:  # this module is imported by `tcli preprocess`, which never loads torch
     from transformer_cli.checkpoint import Checkpoint
+    from transformer_cli.runtime import Runtime
 
 MARKER = "run.json"  # names a tcli run directory: kind, version, status
 LOCK = ".lock"
@@ -302,7 +303,7 @@ class TaskSetup(Protocol):
     def data_settings(self) -> dict[str, Any]: ...  # what the token arrays depend on besides the vocabulary
     def sources(self) -> dict[str, Any]: ...  # sizes and hashes of the text files
     def write_shards(self, folder: Path, vocabs: list[Vocab], quiet: bool) -> dict[str, Any]: ...  # -> splits
-    def make_task(self, vocabs: list[Any], data: Manifest | None, quiet: bool) -> Any: ...  # build the model -> Task
+    def make_task(self, vocabs: list[Any], data: Manifest | None, runtime: Runtime, quiet: bool) -> Any: ...  # -> Task
     def train_config(self, task: Any) -> Any: ...  # the trainer's config (the run's train section, resolved)
 
 
@@ -398,7 +399,7 @@ def run_training(
         if not runtime.is_main:  # the other ranks map the same files: the page cache holds one copy
             vocabs = setup.load_vocabs(directory.path / "vocab")
             data = (setup.preprocessed() or read_manifest(data_folder, setup.kind)) if setup.has_shards else None
-        task = setup.make_task(vocabs, data, quiet)
+        task = setup.make_task(vocabs, data, runtime, quiet)
         trainer = Trainer(task, setup.train_config(task), run_dir, runtime, quiet)
         trainer.on_saved = directory.saved
         if ckpt is not None:

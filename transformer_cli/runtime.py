@@ -152,6 +152,14 @@ class Runtime:
     def autocast_dtype(self) -> torch.dtype | None:
         return None if self.precision == "fp32" else DTYPES[self.precision]
 
+    @property
+    def kernel_per_shape(self) -> bool:
+        """Whether this runtime's matmuls compile a kernel per shape: half precision on a CPU, which torch
+        multiplies through oneDNN (fp32 goes through MKL, which compiles none; GPUs' libraries neither). Where they
+        do, a batch dimension that takes any value costs a compilation per value, and more kernels than oneDNN's
+        cache holds are compiled again and again; rounding it to a few sizes pays for its padding there."""
+        return self.device.type == "cpu" and self.precision != "fp32"
+
     def context(self) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
         if self.autocast_dtype is not None:

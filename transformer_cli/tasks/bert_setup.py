@@ -29,6 +29,7 @@ from transformer_cli.vocab import Vocab, check_bert_vocab, load_model_file, trai
 
 if TYPE_CHECKING:
     from transformer_cli.checkpoint import Checkpoint
+    from transformer_cli.runtime import Runtime
     from transformer_cli.tasks.bert import BertTask
 
 
@@ -159,7 +160,7 @@ class BertSetup(SetupBase):
         splits = {name: self._indexes.get(name) or index_lines(path, BLOCK_LINES) for name, path in self.paths.items()}
         return preprocess_documents(folder, splits, vocabs[0], d.format, d.split_sentences, quiet)
 
-    def make_task(self, vocabs: list[Vocab], data: Manifest, quiet: bool) -> BertTask:
+    def make_task(self, vocabs: list[Vocab], data: Manifest, runtime: Runtime, quiet: bool) -> BertTask:
         import torch
 
         from transformer_cli.models.builders import build_bert

@@ -38,8 +38,19 @@ class FinetuneTask:
     best_metric, best_mode = "score", "max"
     evaluate_each_epoch = True
 
-    def __init__(self, cfg: FinetuneRunConfig, meta: FinetuneMeta, model: nn.Module, data: LabelledData, quiet: bool):
+    def __init__(
+        self,
+        cfg: FinetuneRunConfig,
+        meta: FinetuneMeta,
+        model: nn.Module,
+        data: LabelledData,
+        quiet: bool,
+        bucketed: bool = True,
+    ):
+        """`bucketed`: batch widths from a few sizes (`finetuned.batch_width`), where the runtime's matmuls compile a
+        kernel per shape (`Runtime.kernel_per_shape`)."""
         self.cfg, self.meta, self.model, self.data, self.quiet = cfg, meta, model, data, quiet
+        self.bucketed = bucketed
         self.train = features_of(meta, data.train)
         self.valid = features_of(meta, data.valid)
         self.more_valid = {split: features_of(meta, examples) for split, examples in data.more_valid.items()}
@@ -58,7 +69,7 @@ class FinetuneTask:
         t = self.cfg.train
         longest = max(len(self.train.ids[r]) for r in spec)
         limit = self.meta.max_seq_len
-        length = limit if t.pad_to_max else batch_width(longest, t.pad_to_multiple, limit)
+        length = limit if t.pad_to_max else batch_width(longest, t.pad_to_multiple, limit, self.bucketed)
         return collate(self.train, spec, self.meta.tokenizer.pad_id, self.meta.kind, max(length, longest))
 
     def step_loss(self, model: nn.Module, batch: Any, norms: dict[str, int]) -> tuple[Tensor, dict]:
@@ -80,9 +91,7 @@ class FinetuneTask:
     def _evaluate_split(
         self, model: nn.Module, runtime: Runtime, features: Features, examples: list[Any], name: str
     ) -> dict[str, float]:
-        results, preds = evaluate_examples(
-            model, self.meta, self.data.metrics, examples, features, runtime.device, runtime.context
-        )
+        results, preds = evaluate_examples(model, self.meta, self.data.metrics, examples, features, runtime)
         if self.meta.kind == "classification" and len(set(preds)) == 1:
             say(self.quiet, f"note: every {name} prediction is {self.meta.labels[preds[0]]!r} (one class)")
         return results

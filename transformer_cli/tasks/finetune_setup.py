@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from transformer_cli.bert_tokenizer import BertTokenizer
     from transformer_cli.checkpoint import Checkpoint
     from transformer_cli.finetuned import FinetuneMeta
+    from transformer_cli.runtime import Runtime
     from transformer_cli.tasks.finetune import FinetuneTask
 
 DEFAULT_METRICS = {
@@ -375,7 +376,7 @@ class FinetuneSetup(SetupBase):
     def write_shards(self, folder: Path, vocabs: list[Any], quiet: bool) -> dict[str, Any]:
         raise NotImplementedError("fine-tuning has no token arrays (has_shards is False)")
 
-    def make_task(self, vocabs: list[Any], data: None, quiet: bool) -> FinetuneTask:
+    def make_task(self, vocabs: list[Any], data: None, runtime: Runtime, quiet: bool) -> FinetuneTask:
         """The model (seeded; the starting weights loaded, the head new) and the task with its encoded data."""
         import torch
 
@@ -389,7 +390,7 @@ class FinetuneSetup(SetupBase):
         if self.weights is not None:
             missing, unexpected = model.load_state_dict(self.weights, strict=False)
             assert not unexpected and all(k.startswith("classifier.") for k in missing), (missing, unexpected)
-        task = FinetuneTask(cfg, meta, model, self.data, quiet)
+        task = FinetuneTask(cfg, meta, model, self.data, quiet, bucketed=runtime.kernel_per_shape)
         _describe(task, self.described, quiet)
         return task
 

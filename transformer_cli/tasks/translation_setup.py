@@ -25,6 +25,7 @@ from transformer_cli.vocab import Vocab, check_translation_vocab, load_model_fil
 
 if TYPE_CHECKING:
     from transformer_cli.checkpoint import Checkpoint
+    from transformer_cli.runtime import Runtime
     from transformer_cli.tasks.translation import TranslationTask
 
 
@@ -144,7 +145,7 @@ class TranslationSetup(SetupBase):
         pair = (vocabs[0], vocabs[0]) if self.cfg.vocab.joint else (vocabs[0], vocabs[1])
         return preprocess_parallel(folder, self.split_files(), pair, quiet, indexes=self._indexes)
 
-    def make_task(self, vocabs: list[Vocab], data: Manifest, quiet: bool) -> TranslationTask:
+    def make_task(self, vocabs: list[Vocab], data: Manifest, runtime: Runtime, quiet: bool) -> TranslationTask:
         import torch
 
         from transformer_cli.models.builders import build_transformer
