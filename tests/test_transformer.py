@@ -328,6 +328,33 @@ def test_cpu_dropout_converts_its_mask_once(dtype):
     torch.testing.assert_close(x.grad, kept.to(dtype) / 0.9)  # the gradient through the same mask
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_dropout_scales_in_one_pass_each_way_with_the_values_of_two(dtype):
+    """Forward and backward each apply mask and scale in one pass over the activations (addcmul), where a product
+    and then an in-place scaling took two; the values are those of the two passes (x * mask is x or 0, and both
+    round x * scale once)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from transformer_cli.models.layers import Dropout
+
+    x = (torch.randn(6, 7, 32) * 10).to(dtype).requires_grad_()
+    g = torch.randn(6, 7, 32).to(dtype)
+    torch.manual_seed(0)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        y = Dropout(0.1).train()(x)
+        y.backward(g)
+    passes = [
+        e.name
+        for e in prof.events()
+        if e.name in ("aten::mul", "aten::mul_", "aten::addcmul", "aten::div", "aten::where")
+        and list(x.shape) in e.input_shapes
+    ]
+    assert len(passes) == 2, passes
+    mask = (y.detach() != 0).to(dtype)
+    assert torch.equal(y, x.detach().mul(mask).mul_(1 / 0.9))
+    assert torch.equal(x.grad, g.mul(mask).mul_(1 / 0.9))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_training_attention_with_dropout_on_cpu_is_sdpa_with_a_cheaper_mask(causal):
     """dropout_attention (CPU training with attention dropout): at p ~ 0 it is SDPA with the same masks; at
