@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_cli.decode import BEAM_STEPS, DecodeOptions, decode_corpus, memory_slots
+from transformer_cli.decode import BEAM_STEPS, SMALL, DecodeOptions, decode_corpus, memory_slots, sentence_slots
 from transformer_cli.kernel_shapes import (
     GemmShapes,
     created_again,
@@ -15,7 +15,7 @@ from transformer_cli.kernel_shapes import (
     ending_sentences_at_random,
     onednn_creations,
 )
-from transformer_cli.models.buckets import bucket, buckets_upto
+from transformer_cli.models.buckets import buckets_upto
 from transformer_cli.models.transformer import Transformer
 
 BOS, EOS = 2, 3
@@ -58,14 +58,20 @@ def beam_shapes() -> GemmShapes:
 
 
 def test_beam_search_decodes_in_a_few_row_counts(beam_shapes: GemmShapes):
-    """As sentences finish, the decoding steps run on bucket(active sentences, steps=BEAM_STEPS) sentences: the
-    vocabulary projection (a decoding step's alone) sees only row counts of that set, times the beam."""
+    """As sentences finish, the decoding steps run on sentence_slots(active sentences) sentences, powers of two
+    below SMALL and bucket(n, steps=BEAM_STEPS) above: the vocabulary projection (a decoding step's alone) sees
+    only row counts of that set, times the beam."""
     beam = BEAM_OPTS.beam
     rows = {s[2] for s in beam_shapes.seen if s[0] == "mm" and s[3] == VOCAB}
-    allowed = {n * beam for n in buckets_upto(BEAM_OPTS.max_tokens, steps=BEAM_STEPS)}
+    small = {1, 2, 4, 8, 16}
+    allowed = {n * beam for n in small} | {
+        n * beam for n in buckets_upto(BEAM_OPTS.max_tokens, steps=BEAM_STEPS) if n >= SMALL
+    }
+    assert {sentence_slots(n) for n in range(1, SMALL + 1)} == small
     assert rows <= allowed
+    assert {r // beam for r in rows} & small  # the tails were decoded at powers of two
     assert len(rows) > 4  # the batch did shrink through several sizes
-    assert len(allowed & set(range(1, 40 * beam + 1))) < 20  # 1..40 sentences: fewer sizes than counts
+    assert len(allowed & set(range(1, 40 * beam + 1))) <= 10  # 1..40 sentences: 1, 2, 4, 8, 16, 20, 24, 28, 32, 40
 
 
 def test_beam_search_cross_attention_takes_the_halvings_of_one_count_per_width(beam_shapes: GemmShapes):
@@ -78,7 +84,7 @@ def test_beam_search_cross_attention_takes_the_halvings_of_one_count_per_width(b
             counts.setdefault(width, set()).add(batch // HEADS)
     assert len(counts) >= 4
     for width, seen in counts.items():
-        full = bucket(BEAM_OPTS.max_tokens // width, steps=BEAM_STEPS)
+        full = sentence_slots(BEAM_OPTS.max_tokens // width)
         assert seen <= {memory_slots(n, full) for n in range(1, full + 1)}, width
     assert sum(len(seen) for seen in counts.values()) > len(counts)  # the memory did shrink
 

@@ -25,6 +25,16 @@ from transformer_cli.models.transformer import Transformer
 # oneDNN on CPUs with bf16; 4 a doubling instead of buckets.STEPS' 8 cuts a test set's kernel creations by a
 # quarter at no measured cost in speed, 2 by half at a small one (BENCHMARKS.md, "Memory").
 BEAM_STEPS = 4
+# Below this many active sentences the sizes are the powers of two (1, 2, 4, 8, 16 instead of 1-8, 10, 12, 14, 16): a
+# batch's tail passes through few sizes, each with its own kernels, and a step with so few rows costs its overhead
+# more than its rows (BENCHMARKS.md, the Xeon's section: 40% fewer kernels after warm-up, no slower).
+SMALL = 16
+
+
+def sentence_slots(n: int) -> int:
+    """The sentence count a beam batch's decoding steps run at while n sentences are active: the next power of two
+    below SMALL, else bucket(n, steps=BEAM_STEPS)."""
+    return 1 << (max(n, 1) - 1).bit_length() if n < SMALL else bucket(n, steps=BEAM_STEPS)
 
 
 @dataclass
@@ -113,13 +123,13 @@ def beam_search(
     With `pad_rows`, copies of the last sentence fill the batch so that its matmuls take a few shapes (a CPU
     matmul library compiles a kernel per shape) instead of one per count of active sentences; the copies'
     outputs are dropped, and the search itself sees only the real rows. The decoder's rows are those of
-    `bucket(active sentences, steps=BEAM_STEPS)` sentences; the encoder and the cross-attention, whose shapes
+    `sentence_slots(active sentences)` sentences; the encoder and the cross-attention, whose shapes
     also hold the source width, run on `memory_slots(...)` of `full` sentences (default: the bucket of this
     batch's): one of a few fractions of the full batch of this width, so that their shapes repeat from batch to
     batch and as sentences finish.
     """
     K, B, device = beam, src.size(0), src.device
-    size = (lambda n: bucket(n, steps=BEAM_STEPS)) if pad_rows else (lambda n: n)
+    size = sentence_slots if pad_rows else (lambda n: n)
     full = max(size(B), full or 0)
     slots = (lambda n: memory_slots(size(n), full)) if pad_rows else (lambda n: n)
     limits = max_lengths(src, model.pad_id, max_len_a, max_len_b, model.positions.size(0) - 1)  # (B,)
@@ -313,7 +323,7 @@ def decode_corpus(
                 opts.max_len_a,
                 opts.max_len_b,
                 opts.nbest,
-                full=bucket(size, steps=BEAM_STEPS),  # every batch of this width, the last one too
+                full=sentence_slots(size),  # every batch of this width, the last one too
             )
         for i, h in zip(chunk, hyps):
             results[i] = h
