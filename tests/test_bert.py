@@ -133,6 +133,41 @@ def test_masked_position_logits_equal_full_computation():
     assert out.mlm_correct.item() == (full_logits[keep].argmax(-1) == labels[keep]).sum().item()
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_first_only_encoding_equals_the_full_encoders_first_position(norm_first):
+    """A [CLS] classifier's encoding (the last block for position 0 alone) gives the full encoder's first row and
+    the same gradients, padding included; the other rows would differ if the query, residual or FFN took
+    another position's row (the batch has padding, and 2 layers so the block before it is a full one)."""
+    torch.manual_seed(0)
+    model = Bert(
+        vocab_size=60,
+        d_model=32,
+        layers=2,
+        heads=4,
+        ffn_dim=64,
+        max_positions=64,
+        dropout=0.0,
+        attention_dropout=0.0,
+        norm_first=norm_first,
+    ).train()
+    ids, seg, _, _ = batch()
+    assert ids.eq(0).any(), "the batch should hold padding"
+    full = model.encode(ids, seg)  # (B, T, d)
+    first = model.encode(ids, seg, first_only=True)  # (B, 1, d)
+    assert first.shape == (ids.size(0), 1, 32)
+    torch.testing.assert_close(first, full[:, :1], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(full[:, 1:2], first, atol=1e-3)
+    weights = torch.randn(first.shape)
+    grads = []
+    for out in (full[:, :1], first):
+        model.zero_grad()
+        (out * weights).sum().backward(retain_graph=True)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_mlm_loss_ignores_unmasked_and_padding_positions():
     model = tiny_bert()
     ids, seg, labels, nsp = batch(1)

@@ -90,12 +90,18 @@ class Bert(nn.Module):
             self.mlm_bias = nn.Parameter(torch.zeros(vocab_size))
         self.apply(_init_weights)
 
-    def encode(self, input_ids: Tensor, segment_ids: Tensor) -> Tensor:
-        """(B, T) ids and segments -> hidden states (B, T, d); padding (pad_id) is masked as keys."""
+    def encode(self, input_ids: Tensor, segment_ids: Tensor, first_only: bool = False) -> Tensor:
+        """(B, T) ids and segments -> hidden states (B, T, d); padding (pad_id) is masked as keys.
+
+        `first_only`: the [CLS] position's alone, (B, 1, d), the same values: the last block computes one query,
+        one residual row and one FFN row per sequence instead of T (its keys and values still come from every
+        position). What a sequence classifier reads; for a small BERT a fifth of the encoder's work.
+        """
         pad_mask = input_ids.eq(self.pad_id)
         x = self.embeddings(input_ids, segment_ids)
-        for block in self.encoder:
-            x = block(x, pad_mask)
+        last = len(self.encoder) - 1
+        for i, block in enumerate(self.encoder):
+            x = block(x, pad_mask, first_only=first_only and i == last)
         return self.final_norm(x)
 
     def pooled(self, hidden: Tensor) -> Tensor:

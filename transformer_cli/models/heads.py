@@ -1,9 +1,10 @@
 """Fine-tuning heads on a pretrained BERT encoder (Devlin et al., 2019, section 4).
 
 Sequence classification and regression read the pooled `[CLS]` vector: tanh(W h_[CLS] + b) (the pooler NSP
-trained), then dropout and one linear layer to the labels (or to one output for regression). Tagging reads
-every position's hidden state through dropout and a linear layer; only each word's first piece carries a
-label (the others are IGNORE). Parameter names follow HF's BertForSequenceClassification and
+trained), then dropout and one linear layer to the labels (or to one output for regression); as nothing else is
+read, the encoder's last block computes the [CLS] position alone (`Bert.encode(first_only=True)`, the same
+values). Tagging reads every position's hidden state through dropout and a linear layer; only each word's first
+piece carries a label (the others are IGNORE). Parameter names follow HF's BertForSequenceClassification and
 BertForTokenClassification: `bert.*` for the encoder, `classifier.*` for the head.
 """
 
@@ -50,10 +51,11 @@ class BertClassifier(nn.Module):
         labels: (B,) class ids, (B,) float targets for regression, or (B, T) tags with IGNORE at the positions
         that carry none (special tokens, padding, a word's later pieces).
         """
-        hidden = self.bert.encode(input_ids, segment_ids)  # (B, T, d)
         if self.kind == "tagging":
+            hidden = self.bert.encode(input_ids, segment_ids)  # (B, T, d)
             logits = self.classifier(self.dropout(hidden))  # (B, T, C)
         else:
+            hidden = self.bert.encode(input_ids, segment_ids, first_only=True)  # (B, 1, d): [CLS] is all it reads
             logits = self.classifier(self.dropout(self.bert.pooled(hidden)))  # (B, C)
         if labels is None:
             return logits

@@ -249,6 +249,16 @@ class MultiHeadAttention(nn.Module):
             causal = causal and q.size(2) > 1
         return self._attend(q, k, v, pad_mask, causal)
 
+    def first_query(self, x: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """Self-attention over x (B, T, d) for the first position's query alone -> (B, 1, d): what `forward`
+        gives at position 0, from keys and values of every position but one query (its projection only:
+        q = x_0 W_q, [k v] = x [W_k W_v], the rows of the fused matrix)."""
+        d = x.size(-1)
+        w, b = self.qkv_proj.weight, self.qkv_proj.bias  # (3d, d), (3d,): the rows of W_q, W_k, W_v
+        (q,) = self._split_heads(F.linear(x[:, :1], w[:d], b[:d]), 1)  # (B, H, 1, d_k)
+        k, v = self._split_heads(F.linear(x, w[d:], b[d:]), 2)  # each (B, H, T, d_k)
+        return self._attend(q, k, v, pad_mask, causal=False)
+
     def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder output (B, S, d) -> cross-attention keys and values, each (B, H, S, d_k)."""
         k, v = self._split_heads(self.kv_proj(memory), 2)
@@ -304,10 +314,12 @@ class SublayerConnection(nn.Module):
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: Tensor, sublayer) -> Tensor:
+    def forward(self, x: Tensor, sublayer, residual: Tensor | None = None) -> Tensor:
+        """`residual`: the rows of x the sub-layer's output continues (default x), where it gives fewer rows."""
+        residual = x if residual is None else residual
         if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            return residual + self.dropout(sublayer(self.norm(x)))
+        return self.norm(residual + self.dropout(sublayer(x)))
 
 
 class EncoderBlock(nn.Module):
@@ -330,8 +342,13 @@ class EncoderBlock(nn.Module):
         self.attn_sub = SublayerConnection(d_model, dropout, norm_first, eps)
         self.ffn_sub = SublayerConnection(d_model, dropout, norm_first, eps)
 
-    def forward(self, x: Tensor, pad_mask: Tensor | None) -> Tensor:
-        x = self.attn_sub(x, lambda h: self.self_attn(h, pad_mask))
+    def forward(self, x: Tensor, pad_mask: Tensor | None, first_only: bool = False) -> Tensor:
+        """(B, T, d) -> (B, T, d); with `first_only`, position 0's output alone, (B, 1, d): the same values, but
+        its query, residual and FFN only (what a [CLS] classifier reads of the last block)."""
+        if first_only:
+            x = self.attn_sub(x, lambda h: self.self_attn.first_query(h, pad_mask), residual=x[:, :1])  # (B, 1, d)
+        else:
+            x = self.attn_sub(x, lambda h: self.self_attn(h, pad_mask))
         return self.ffn_sub(x, self.ffn)
 
 
