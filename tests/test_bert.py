@@ -106,10 +106,18 @@ def test_short_sequences_appear_at_the_requested_rate():
     assert mean[1.0] < mean[0.1] < mean[0.0]
 
 
-def tiny_bert() -> Bert:
+def tiny_bert(norm_first: bool = False) -> Bert:
     torch.manual_seed(0)
     return Bert(
-        vocab_size=60, d_model=32, layers=2, heads=4, ffn_dim=64, max_positions=64, dropout=0.0, attention_dropout=0.0
+        vocab_size=60,
+        d_model=32,
+        layers=2,
+        heads=4,
+        ffn_dim=64,
+        max_positions=64,
+        dropout=0.0,
+        attention_dropout=0.0,
+        norm_first=norm_first,
     ).eval()
 
 
@@ -138,18 +146,7 @@ def test_first_only_encoding_equals_the_full_encoders_first_position(norm_first)
     """A [CLS] classifier's encoding (the last block for position 0 alone) gives the full encoder's first row and
     the same gradients, padding included; the other rows would differ if the query, residual or FFN took
     another position's row (the batch has padding, and 2 layers so the block before it is a full one)."""
-    torch.manual_seed(0)
-    model = Bert(
-        vocab_size=60,
-        d_model=32,
-        layers=2,
-        heads=4,
-        ffn_dim=64,
-        max_positions=64,
-        dropout=0.0,
-        attention_dropout=0.0,
-        norm_first=norm_first,
-    ).train()
+    model = tiny_bert(norm_first).train()  # training mode: the path fine-tuning takes (dropout 0 here)
     ids, seg, _, _ = batch()
     assert ids.eq(0).any(), "the batch should hold padding"
     full = model.encode(ids, seg)  # (B, T, d)
