@@ -147,7 +147,7 @@ def beam(runtime: Runtime, sentences: int) -> dict:
 
     def translate(n: int) -> None:
         sources = [rng.integers(5, VOCAB, int(k)).tolist() for k in lengths(n, rng)]
-        decode_corpus(model, sources, opts, BOS, EOS, torch.device("cpu"), runtime.context)
+        decode_corpus(model, sources, opts, BOS, EOS, torch.device("cpu"), runtime.context, runtime.kernel_per_shape)
 
     return window(lambda: translate(3 * sentences), lambda: translate(sentences))
 

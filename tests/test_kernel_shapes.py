@@ -53,7 +53,7 @@ def beam_shapes() -> GemmShapes:
     rng = np.random.default_rng(0)
     sources = [rng.integers(5, VOCAB, k).tolist() for k in _lengths(400, rng)]
     with torch.inference_mode(), GemmShapes() as shapes:
-        decode_corpus(model, sources, BEAM_OPTS, BOS, EOS, torch.device("cpu"))
+        decode_corpus(model, sources, BEAM_OPTS, BOS, EOS, torch.device("cpu"), bucketed=True)
     return shapes
 
 
@@ -108,3 +108,44 @@ def test_a_kernel_created_again_is_one_whose_line_differs_only_in_its_time():
     assert created_again(misses[:2]) == 0
     assert creation_ms(misses) == pytest.approx(0.42 + 0.29 + 0.39)
     assert creation_ms([]) == 0
+
+
+def test_beam_search_without_buckets_runs_exact_shapes():
+    """Where matmuls compile nothing per shape (fp32 on a CPU, GPUs), `decode_corpus` pads nothing: each batch is
+    as wide as its longest source, and every step carries only the active sentences' rows, some of them counts
+    the bucketed search never takes (that padding changes no hypothesis: tests/test_transformer.py)."""
+    torch.manual_seed(0)
+    model = Transformer(VOCAB, VOCAB, HEADS * D_K, HEADS, 64, 1, 1, dropout=0.0, max_positions=128).eval()
+    ending_sentences_at_random(model, EOS)
+    rng = np.random.default_rng(1)
+    lengths = _lengths(120, rng)
+    sources = [rng.integers(5, VOCAB, k).tolist() for k in lengths]
+    for bucketed in (False, True):
+        with torch.inference_mode(), GemmShapes() as shapes:
+            decode_corpus(model, sources, BEAM_OPTS, BOS, EOS, torch.device("cpu"), bucketed=bucketed)
+        rows = {s[2] for s in shapes.seen if s[0] == "mm" and s[3] == VOCAB}
+        # The encoder's attention: (sentences * heads) matrices of (width, d_k) x (d_k, width).
+        widths = {s[2] for s in shapes.seen if s[0] == "bmm" and s[2] == s[3] and s[4] == D_K}
+        if not bucketed:
+            assert max(lengths) + 1 in widths  # the first batch: its longest source and EOS, unpadded
+            assert {r // BEAM_OPTS.beam for r in rows} - {sentence_slots(n) for n in range(1, 200)}  # odd counts
+        else:
+            assert {r // BEAM_OPTS.beam for r in rows} <= {sentence_slots(n) for n in range(1, 200)}
+
+
+def test_translate_buckets_only_where_kernels_are_compiled_per_shape(monkeypatch):
+    from transformer_cli import translate
+    from transformer_cli.runtime import Runtime
+
+    seen = []
+    monkeypatch.setattr(translate, "decode_corpus", lambda *a, bucketed, **k: seen.append(bucketed) or [])
+
+    class Vocab:
+        def encode(self, lines):
+            return [[5, 6] for _ in lines]
+
+    model = Transformer(VOCAB, VOCAB, HEADS * D_K, HEADS, 64, 1, 1, max_positions=32).eval()
+    for precision in ("fp32", "bf16"):
+        runtime = Runtime.create("cpu", precision)
+        translate.Translator(model, Vocab(), Vocab(), runtime).translate(["a b"], BEAM_OPTS)
+        assert seen[-1] is runtime.kernel_per_shape is (precision == "bf16")

@@ -293,10 +293,15 @@ def decode_corpus(
     eos_id: int,
     device: torch.device,
     context=None,
+    bucketed: bool = False,
 ) -> list[list[Hypothesis]]:
     """Translate many token sequences (EOS appended here), batched by length; results in input order.
 
-    `context` is a factory of the runtime's context manager (autocast, attention kernel), or None.
+    `context` is a factory of the runtime's context manager (autocast, attention kernel), or None. With
+    `bucketed` (where matmuls compile a kernel per shape: `Runtime.kernel_per_shape`), batch widths and the rows
+    of every search step come from a few sizes, so that their kernels are compiled once each; without, batches
+    are as wide as their longest source and steps carry only the active rows, which padding would only slow down
+    (fp32 on a CPU goes through MKL, which compiles nothing per shape).
     """
     from transformer_cli.datasets.shards import flatten
     from transformer_cli.datasets.translation import padded
@@ -306,8 +311,9 @@ def decode_corpus(
     results: list[list[Hypothesis]] = [[] for _ in sources]
     start = 0
     while start < len(order):
-        # The longest of the batch comes first; its width, from a small set, sets the batch's shape.
-        width = min(bucket(min(len(sources[order[start]]), limit - 1) + 1), limit)
+        # The longest of the batch comes first; its width (from a small set where bucketed) sets the batch's shape.
+        width = min(len(sources[order[start]]), limit - 1) + 1
+        width = min(bucket(width), limit) if bucketed else width
         size = max(1, opts.max_tokens // width)
         chunk = order[start : start + size]
         seqs = flatten([sources[i][: limit - 1] for i in chunk])
@@ -323,6 +329,7 @@ def decode_corpus(
                 opts.max_len_a,
                 opts.max_len_b,
                 opts.nbest,
+                pad_rows=bucketed,
                 full=sentence_slots(size),  # every batch of this width, the last one too
             )
         for i, h in zip(chunk, hyps):

@@ -111,7 +111,9 @@ def _evaluate_translation(
         **({"lenpen": lenpen} if lenpen is not None else {}),
     )
     nll = translation_nll(model, data, cfg.train.max_tokens, runtime.device, runtime.context, cfg.train.pad_to_multiple)
-    hyps = translate_texts(model, data.src, opts, ckpt.vocabs[1], runtime.device, runtime.context)
+    hyps = translate_texts(
+        model, data.src, opts, ckpt.vocabs[1], runtime.device, runtime.context, runtime.kernel_per_shape
+    )
     scores = translation_scores(hyps, data.tgt_text)
     return {
         "data": split if split is not None else str(src_path),

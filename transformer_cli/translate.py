@@ -70,7 +70,16 @@ class Translator:
                     f"model's positions cover (model.max_positions); only the first {limit} are translated"
                 )
         with torch.inference_mode():
-            hyps = decode_corpus(self.model, sources, opts, BOS_ID, EOS_ID, self.runtime.device, self.runtime.context)
+            hyps = decode_corpus(
+                self.model,
+                sources,
+                opts,
+                BOS_ID,
+                EOS_ID,
+                self.runtime.device,
+                self.runtime.context,
+                bucketed=self.runtime.kernel_per_shape,
+            )
         out: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
         # What attention maps and alignments re-run: line -> (source ids as decoded, n-best token ids).
         self.token_ids = {i: (ids[:limit], [h.tokens for h in nbest]) for i, ids, nbest in zip(nonempty, sources, hyps)}

@@ -76,9 +76,11 @@ def translate_texts(
     tgt_vocab: Vocab,
     device: torch.device,
     context: Callable,
+    bucketed: bool = False,
 ) -> list[str]:
-    """The best beam-search hypothesis of each source, detokenised (an empty string when none finished)."""
-    hyps = decode_corpus(model, sources, opts, BOS_ID, EOS_ID, device, context)
+    """The best beam-search hypothesis of each source, detokenised (an empty string when none finished);
+    `bucketed`: `decode_corpus`'s."""
+    hyps = decode_corpus(model, sources, opts, BOS_ID, EOS_ID, device, context, bucketed)
     return tgt_vocab.decode([h[0].tokens if h else [] for h in hyps])
 
 
@@ -96,15 +98,16 @@ def translation_validation(
     opts: DecodeOptions | None,
     device: torch.device,
     context: Callable,
+    bucketed: bool = False,
 ) -> dict[str, float]:
     """The eval event of a translation run: valid_loss (per-token NLL), valid_ppl and, when `opts` is
-    given, sacreBLEU (cased) of beam-search output against the raw references."""
+    given, sacreBLEU (cased) of beam-search output against the raw references (`bucketed`: `decode_corpus`'s)."""
     from transformer_cli.scores import bleu
 
     result = translation_nll(model, data, max_tokens, device, context, multiple)
     metrics = {"valid_loss": result.loss, "valid_ppl": result.ppl}
     if opts is not None:
-        hyps = translate_texts(model, data.src, opts, tgt_vocab, device, context)
+        hyps = translate_texts(model, data.src, opts, tgt_vocab, device, context, bucketed)
         metrics["bleu"] = bleu(hyps, data.references())[0]
     return metrics
 

@@ -74,11 +74,14 @@ class TranslationTask:
             eval_decode_options(self.cfg.eval) if self.cfg.eval.bleu else None,
             runtime.device,
             runtime.context,
+            runtime.kernel_per_shape,
         )
 
     def translate(self, model: nn.Module, runtime: Runtime, data: ParallelData) -> list[str]:
         opts = eval_decode_options(self.cfg.eval)
-        return translate_texts(model, data.src, opts, self.vocabs[1], runtime.device, runtime.context)
+        return translate_texts(
+            model, data.src, opts, self.vocabs[1], runtime.device, runtime.context, runtime.kernel_per_shape
+        )
 
     def final_report(self, ckpt_dir: Path, runtime: Runtime) -> list[dict[str, Any]]:
         """Score the test split with best.pt (and averaged.pt when train.average_last made one): cased and
