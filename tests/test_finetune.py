@@ -256,6 +256,50 @@ def test_predict_refuses_a_pretraining_checkpoint_and_an_empty_line(tmp_path, ti
     assert result.exit_code == 2 and "<stdin>:2: empty line" in result.output
 
 
+def test_predict_never_writes_over_what_it_reads_nor_an_output_it_cannot_replace(tmp_path, finetuned, sst):
+    """--output naming the checkpoint or the input (a link to it too) is refused before any work; a predict that
+    fails before its first line leaves an existing --output as it was; an empty input gives an empty file; a
+    device that refuses the write is one line."""
+    ckpt = tmp_path / "model.pt"
+    ckpt.write_bytes((finetuned / "checkpoints" / "best.pt").read_bytes())
+    lines = tmp_path / "in.txt"
+    lines.write_text("the cat sat\n")
+    (tmp_path / "link.txt").symlink_to(lines)
+    before = {p: p.read_bytes() for p in (ckpt, lines)}
+
+    def predict(*args: str, input: str | None = None):
+        return CliRunner().invoke(app, ["predict", "--checkpoint", str(ckpt), *args, "--device", "cpu"], input=input)
+
+    for args, named in (
+        (["-i", str(lines), "-o", str(ckpt)], "--checkpoint"),
+        (["-i", str(lines), "-o", str(lines)], "--input"),
+        (["-i", str(lines), "-o", str(tmp_path / "link.txt")], "--input"),
+        (["-o", str(ckpt)], "--checkpoint"),
+    ):
+        result = predict(*args, input="a cat\n")
+        assert result.exit_code == 2 and f"is the same file as {named}" in result.output, result.output
+        assert result.output.count("\n") == 1
+    assert {p: p.read_bytes() for p in before} == before
+    kept = tmp_path / "kept.txt"
+    bad_table = tmp_path / "bad.tsv"
+    bad_table.write_text("words\tlabel\nthe cat\tpos\n")
+    for args, input, message in (
+        (["-i", str(bad_table)], None, "sentence"),  # the model's text column is missing
+        ([], "\nthe cat\n", "<stdin>:1: empty line"),
+        (["-i", str(tmp_path / "missing.txt")], None, "missing.txt"),
+    ):
+        kept.write_text("earlier predictions\n")
+        result = predict(*args, "-o", str(kept), input=input)
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert kept.read_text() == "earlier predictions\n"
+    result = predict("-o", str(kept), input="")
+    assert result.exit_code == 0 and kept.read_text() == ""
+    if Path("/dev/full").exists():  # every write fails there: No space left on device
+        result = predict("-o", "/dev/full", input="the cat\n")
+        assert result.exit_code == 2 and "--output /dev/full: cannot write" in result.output, result.output
+        assert "Traceback" not in result.output and result.output.count("\n") == 1
+
+
 def test_tagging_on_conll_first_pieces_and_word_tag_output(tmp_path):
     """CoNLL files, a tag per word at its first piece; entity scores; predict writes `word tag` lines."""
     rng = random.Random(3)

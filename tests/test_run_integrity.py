@@ -413,6 +413,18 @@ def test_translate_checks_output_paths_before_decoding(tmp_path, finished_run):
     one_line_error(
         run_tcli("translate", "--checkpoint", ckpt, "--output", str(tmp_path), input="a\n"), "is a directory"
     )
+    # an output that names a file translate reads, or its other output, would destroy it
+    source = tmp_path / "src.txt"
+    source.write_text("a dog\n")
+    saved = Path(ckpt).read_bytes()
+    for args, named in (
+        (["--output", ckpt], "--checkpoint"),
+        (["--input", str(source), "--output", str(source)], "--input"),
+        (["--input", str(source), "--reference", str(source), "--stats-json", str(source)], "--input"),
+        (["--output", str(tmp_path / "o.txt"), "--stats-json", str(tmp_path / "o.txt")], "--output"),
+    ):
+        one_line_error(run_tcli("translate", "--checkpoint", ckpt, *args, input="a\n"), f"same file as {named}")
+    assert Path(ckpt).read_bytes() == saved and source.read_text() == "a dog\n"
 
 
 def test_yaml_traps_are_one_line_errors(tmp_path, data):

@@ -43,6 +43,31 @@ def check_user_paths(values: Iterable[tuple[str, object]]) -> None:
                 check_user_path(item, what)
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same inode where both exist (hard and symbolic links included),
+    else the same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def check_distinct(outputs: Iterable[tuple[str, Path | None]], inputs: Iterable[tuple[str, Path | None]]) -> None:
+    """A one-line error, before any work, when an output path names a file the command reads (its checkpoint, its
+    input, a reference) or another of its outputs: writing it would destroy that file. `-` (stdin) is no file."""
+    sources = [(what, path) for what, path in inputs if path is not None and str(path) != "-"]
+    for what, path in outputs:
+        if path is None:
+            continue
+        for other, source in sources:
+            if same_file(path, source):
+                raise UserError(
+                    f"{what} {path} is the same file as {other} {source}: writing it would destroy that file; "
+                    f"give {what} another path"
+                )
+        sources.append((what, path))
+
+
 def temporary_name(path: Path) -> Path:
     """Where `path` is written before its rename: hidden, beside it, named by this process."""
     return path.with_name(f".{path.name}.tmp{os.getpid()}")

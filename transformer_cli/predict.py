@@ -26,8 +26,7 @@ from transformer_cli.datasets.labeled import (
 )
 from transformer_cli.errors import UserError
 from transformer_cli.finetuned import FinetuneMeta, decide, encode_tagged, encode_texts, length_order, predict_logits
-from transformer_cli.streams import chunks, open_input, writer
-from transformer_cli.translate import check_writable
+from transformer_cli.streams import check_outputs, chunks, open_input, writer
 
 TABLES = (".tsv", ".csv", ".jsonl", ".json")
 ROWS = 64  # examples per forward pass
@@ -102,7 +101,7 @@ def run_predict(
     checkpoint: Path, input_path: Path | None, output: Path | None, device: str = "auto", precision: str = "fp32"
 ) -> int:
     """Predict for every example of the input; returns how many were written."""
-    check_writable(output, "--output")
+    check_outputs([("--output", output)], [("--checkpoint", checkpoint), ("--input", input_path)])
     suffix = input_path.suffix.lower() if input_path is not None else ""
     with ExitStack() as stack:
         predictor = Predictor(checkpoint, device, precision)

@@ -5,14 +5,16 @@ the next chunk is read."""
 from __future__ import annotations
 
 import io
+import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TextIO
 
 from transformer_cli.datasets.text import LineReader, open_lines
 from transformer_cli.errors import UserError
+from transformer_cli.files import check_distinct
 
 
 def open_input(path: Path | None, stdin: TextIO) -> LineReader:
@@ -21,6 +23,27 @@ def open_input(path: Path | None, stdin: TextIO) -> LineReader:
         stream = stdin.buffer if hasattr(stdin, "buffer") else io.BytesIO(stdin.read().encode())
         return LineReader(stream, "<stdin>")
     return open_lines(path)
+
+
+def check_writable(path: Path | None, option: str) -> None:
+    """Fail before any work when an output file cannot be written (no such folder, a directory, read-only)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UserError(f"{option} {path} is a directory; give a file name")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"{option} {path} is not writable")
+
+
+def check_outputs(outputs: Sequence[tuple[str, Path | None]], inputs: Sequence[tuple[str, Path | None]]) -> None:
+    """Before any work: every output file can be written, and none is a file the command reads or another
+    output (`--output` naming the input or the checkpoint would destroy it)."""
+    for option, path in outputs:
+        check_writable(path, option)
+    check_distinct(outputs, inputs)
 
 
 def chunks(lines: LineReader, first: int, most: int) -> Iterator[list[str]]:
@@ -43,8 +66,10 @@ def chunks(lines: LineReader, first: int, most: int) -> Iterator[list[str]]:
 
 
 def writer(output: Path | None, stack: ExitStack) -> Callable[[str], None]:
-    """A function that writes text to stdout or --output (opened once) and flushes it: each chunk's
-    lines are out before the next chunk is read."""
+    """A function that writes text to stdout or --output and flushes it: each chunk's lines are out before the
+    next chunk is read. --output is opened at the first write (an empty input: when the stack closes without
+    an error), so a run that fails before its first line (a bad checkpoint, table or first line) leaves an
+    existing file as it was; a write or close the system refuses is one line."""
     if output is None:
 
         def write(text: str) -> None:
@@ -52,16 +77,34 @@ def writer(output: Path | None, stack: ExitStack) -> Callable[[str], None]:
             sys.stdout.flush()
 
         return write
-    try:
-        f = stack.enter_context(open(output, "w", encoding="utf-8"))
-    except OSError as e:
-        raise UserError(f"--output {output}: cannot write: {e.strerror or e}") from None
+    opened: list[TextIO] = []
+
+    def refused(e: OSError) -> UserError:
+        return UserError(f"--output {output}: cannot write: {e.strerror or e}")
+
+    def file() -> TextIO:
+        if not opened:
+            opened.append(open(output, "w", encoding="utf-8"))
+        return opened[0]
+
+    def finish(exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        try:
+            if exc_type is None:
+                file()  # no line to write: the output of an empty input is an empty file
+            if opened:
+                opened.pop().close()
+        except OSError as e:
+            if exc_type is None:
+                raise refused(e) from None
+
+    stack.push(finish)
 
     def write_file(text: str) -> None:
         try:
+            f = file()
             f.write(text)
             f.flush()
         except OSError as e:
-            raise UserError(f"--output {output}: cannot write: {e.strerror or e}") from None
+            raise refused(e) from None
 
     return write_file

@@ -9,7 +9,6 @@ after the first small chunk.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from transformer_cli.decode import DecodeOptions, decode_corpus
 from transformer_cli.errors import UserError
 from transformer_cli.models.transformer import Transformer
 from transformer_cli.runtime import Runtime
-from transformer_cli.streams import chunks, open_input, writer
+from transformer_cli.streams import check_outputs, chunks, open_input, writer
 from transformer_cli.vocab import BOS_ID, EOS_ID, Vocab
 
 
@@ -121,8 +120,10 @@ def run_translate(
 ) -> dict:
     """Translate as the input streams in, print scores against a reference and speed statistics (stderr).
     `inspect` adds attention heatmaps and/or printed alignments of the chosen hypotheses."""
-    for option, path in (("--output", output), ("--stats-json", stats_json)):
-        check_writable(path, option)
+    check_outputs(
+        [("--output", output), ("--stats-json", stats_json)],
+        [("--checkpoint", checkpoint), ("--input", input_path), ("--reference", reference)],
+    )
     inspect = inspect or InspectOptions()
     if inspect.attention_dir is not None:
         from transformer_cli.attention import prepare_folder
@@ -287,19 +288,6 @@ def _write_attention(
         write_attention(folder, i, maps, line, translation)
         written += 1
     return written
-
-
-def check_writable(path: Path | None, option: str) -> None:
-    """Fail before any work when an output file cannot be written (no such folder, a directory, read-only)."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise UserError(f"{option} {path} is a directory; give a file name")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UserError(f"{option} {path} is not writable")
 
 
 def _write_text(path: Path, text: str, option: str) -> None:
