@@ -100,6 +100,34 @@ def test_bad_values_name_key_and_file(tmp_path, text, overrides, expected):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "kind, metrics, expected",
+    [
+        ("classification", "[bleu]", r"unknown metric 'bleu'; a classification task takes accuracy, f1, mcc"),
+        ("classification", "[entity_f1]", r"entity_f1 does not score a classification task"),
+        ("classification", "[pearson]", r"pearson does not score a classification task"),
+        ("regression", "[accuracy]", r"accuracy does not score a regression task; it takes pearson, spearman"),
+        ("regression", "[f1, pearson]", r"f1 does not score a regression task"),
+        ("tagging", "[pearson]", r"pearson does not score a tagging task; it takes entity_f1"),
+        ("tagging", "[accuracy]", r"accuracy does not score a tagging task"),
+        ("tagging", "[]", r"task\.metrics is empty"),
+        ("regression", "[spearman, spearman]", r"names spearman twice"),
+    ],
+)
+def test_finetune_metrics_that_cannot_score_the_task_are_config_errors(tmp_path, kind, metrics, expected):
+    """Caught when the config loads, not at the first evaluation after minutes of training."""
+    from transformer_cli import task_metrics
+    from transformer_cli.config import FinetuneRunConfig
+
+    path = write(tmp_path, f"task: {{kind: {kind}, metrics: {metrics}}}\n")
+    with pytest.raises(UserError, match=expected) as err:
+        load_config(FinetuneRunConfig, path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    for kind, names in task_metrics.BY_KIND.items():  # every metric a kind takes loads, alone and all together
+        for chosen in [[name] for name in names] + [list(names)]:
+            assert load_config(FinetuneRunConfig, None, [f"task.kind={kind}", f"task.metrics={chosen}"])
+
+
 def test_invalid_yaml_names_line(tmp_path):
     path = write(tmp_path, "train:\n  max_steps: 10\n  lr: [1, 2\n")
     with pytest.raises(UserError, match=r"run\.yaml line \d+: invalid YAML"):

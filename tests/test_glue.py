@@ -153,6 +153,16 @@ def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, glue_dir):
         (["--checkpoint", str(tmp_path / "nope.pt"), "--data-dir", str(glue_dir)], "nope.pt not found"),
         (["--checkpoint", "none", "--data-dir", str(tmp_path)], "no GLUE task folder"),
         (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "train.lrr=1"], "train.lrr"),
+        # the message names the user's --set, not the recipe's own overrides
+        (
+            ["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "train.lr=-1"],
+            "recipe with --set train.lr=-1: train.lr",
+        ),
+        # keys the recipe sets for each task are refused, with the option that sets them
+        (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "task.metrics=[f1]"], "task.metrics"),
+        (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "task.glue=RTE"], "--tasks"),
+        (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "data.dir=x"], "--data-dir"),
+        (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "model.init=none"], "--checkpoint"),
     ):
         result = _glue(*args, "--out", str(out))
         assert result.exit_code == 2 and message in result.output, result.output
@@ -170,6 +180,23 @@ def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, glue_dir):
         "model.max_positions=16",
     )
     assert result.exit_code == 2 and "max_seq_len" in result.output and not out.exists()
+
+
+def test_out_holding_anything_but_a_glue_run_is_refused_and_left_as_it_was(tmp_path, glue_dir, glue_run):
+    """glue.md and glue.json would overwrite the user's files: a folder with other entries, or with a glue.json
+    that tcli did not write, is refused before any run; an earlier tcli glue folder is taken (resumed)."""
+    args = ["--checkpoint", "none", "--data-dir", str(glue_dir), "--tasks", "rte", *_sets()]
+    for name, text in (("notes.txt", "mine"), ("glue.md", "my table"), ("glue.json", '{"mine": 1}')):
+        out = tmp_path / name
+        out.mkdir()
+        (out / name).write_text(text)
+        result = _glue(*args, "--out", str(out))
+        assert result.exit_code == 2 and "is not a tcli glue folder" in result.output, result.output
+        assert result.output.count("\n") == 1
+        assert [p.name for p in out.iterdir()] == [name] and (out / name).read_text() == text
+    out, _, _ = glue_run  # glue.json, glue.md and <task>-seed<N> runs: accepted, nothing run again
+    result = _glue("--checkpoint", "none", "--data-dir", str(glue_dir), "--seeds", "2", "--out", str(out), *_sets())
+    assert result.exit_code == 0, result.output
 
 
 def test_readme_recipe_table_is_the_code():

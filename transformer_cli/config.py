@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from transformer_cli import task_metrics
 from transformer_cli.errors import UserError, quote
 from transformer_cli.models.buckets import bucket
 
@@ -379,13 +380,18 @@ def _valid_keys(schema: type[BaseModel], loc: tuple) -> str:
     return ", ".join(model.model_fields)
 
 
-def load_config(schema: type[Section], path: str | Path | None, overrides: list[str] | None = None) -> Any:
-    """Load `path` (or only defaults when None), apply `--set` overrides, validate."""
+def load_config(
+    schema: type[Section], path: str | Path | None, overrides: list[str] | None = None, source: str | None = None
+) -> Any:
+    """Load `path` (or only defaults when None), apply `--set` overrides, validate. Errors name `source`
+    (default: the file, or "defaults", and the overrides)."""
     raw = read_yaml(path) if path is not None else {}
-    source = str(path) if path is not None else "defaults"
+    if source is None:
+        source = str(path) if path is not None else "defaults"
+        if overrides:
+            source += " with --set " + " ".join(overrides)
     if overrides:
         raw = _merge(raw, parse_overrides(overrides))
-        source += " with --set " + " ".join(overrides)
     cfg = build_config(schema, raw, source)
     _check_paths(cfg)
     return cfg
@@ -500,7 +506,9 @@ class FinetuneTaskConfig(Section):
         "columns, kind and metrics",
     )
     metrics: list[str] | None = Field(
-        None, description="metrics of each evaluation, the first selects best.pt (default: the task's)"
+        None,
+        description="metrics of each evaluation, whose mean selects best.pt (null: the task's): accuracy, f1, "
+        "mcc (classification); pearson, spearman (regression); entity_f1, entity_precision, entity_recall (tagging)",
     )
 
 
@@ -583,7 +591,24 @@ class FinetuneRunConfig(Section):
             raise ValueError(f"model.{sizes[0]} is set but model.init gives the sizes; set it only with init: none")
         if m.d_model is not None and m.heads is not None and m.d_model % m.heads:
             raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
+        _check_metrics(self.task)
         _check_train(self.train)
+
+
+def _check_metrics(task: FinetuneTaskConfig) -> None:
+    """task.metrics: known names that score the task's kind, each once (else the first evaluation would fail)."""
+    if task.metrics is None:
+        return
+    fits = task_metrics.BY_KIND[task.kind]
+    if not task.metrics:
+        raise ValueError(f"task.metrics is empty; name one or more of {', '.join(fits)}, or leave it out")
+    for i, name in enumerate(task.metrics):
+        if name not in task_metrics.METRICS:
+            raise ValueError(f"task.metrics: unknown metric {name!r}; a {task.kind} task takes {', '.join(fits)}")
+        if name not in fits:
+            raise ValueError(f"task.metrics: {name} does not score a {task.kind} task; it takes {', '.join(fits)}")
+        if name in task.metrics[:i]:
+            raise ValueError(f"task.metrics names {name} twice; name each metric once")
 
 
 # ----------------------------------------------------------------------------- config files of either kind

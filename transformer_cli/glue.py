@@ -10,6 +10,7 @@ same command again resumes unfinished runs and skips finished ones.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,16 @@ from transformer_cli.files import write_atomic
 EPOCHS = {"cola": 4, "sst2": 1, "mrpc": 4, "stsb": 4, "qqp": 1, "mnli": 1, "qnli": 1, "rte": 4, "wnli": 4}
 COMMON = ("train.batch_size=32", "train.lr=2e-5", "train.warmup_ratio=0.1", "train.weight_decay=0.01")
 COMMON += ("data.max_seq_len=128",)
+
+
+# Keys each task's recipe (or an option) sets, which --set may not change.
+OWN_KEYS = {
+    "task.glue": "choose the tasks with --tasks",
+    "task.kind": "each GLUE task has its kind",
+    "task.metrics": "the table reports GLUE's metrics of each task (tcli finetune takes task.metrics)",
+    "data.dir": "give the folder with --data-dir",
+    "model.init": "give the starting model with --checkpoint",
+}
 
 
 def recipe(task: str) -> list[str]:
@@ -75,14 +86,60 @@ def plan(
         raise UserError(
             f"--checkpoint {checkpoint} not found (a tcli BERT checkpoint, a Hugging Face BERT folder, or none)"
         )
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if key in OWN_KEYS:
+            raise UserError(f"--set {override}: tcli glue sets {key} for each task; {OWN_KEYS[key]}")
+    shown = f" with --set {' '.join(overrides)}" if overrides else ""
     runs = []
     for task in tasks:
         sets = [*recipe(task), f"data.dir={data_dir}", f"model.init={checkpoint}", *overrides]
-        first = load_config(FinetuneRunConfig, None, sets).train.seed
+        source = f"tcli glue's {GLUE_TASKS[task].folder} recipe{shown}"
+        first = load_config(FinetuneRunConfig, None, sets, source).train.seed
         for i in range(seeds):
-            cfg = load_config(FinetuneRunConfig, None, [*sets, f"train.seed={first + i}"])
+            cfg = load_config(FinetuneRunConfig, None, [*sets, f"train.seed={first + i}"], source)
             runs.append(GlueRun(task, first + i, cfg, out / f"{task}-seed{first + i}"))
     return runs
+
+
+def check_out(out: Path) -> None:
+    """--out is new, empty or an earlier `tcli glue` folder: its glue.json and glue.md, and a `<task>-seed<N>`
+    run directory per run (each guarded as a finetune run). Anything else is the user's, which glue.md and
+    glue.json would overwrite: refused."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory")
+    entries = sorted(out.iterdir())
+    ours = _is_summary(out / "glue.json")
+    foreign = [
+        e.name
+        for e in entries
+        if not (
+            (e.is_dir() and _RUN_FOLDER.fullmatch(e.name))
+            or (ours and e.name in ("glue.json", "glue.md") and e.is_file())
+            or _SUMMARY_TEMPORARY.fullmatch(e.name)
+        )
+    ]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise UserError(
+            f"--out {out} is not empty and is not a tcli glue folder (it holds {shown}); "
+            "choose a new or empty directory"
+        )
+
+
+_RUN_FOLDER = re.compile(rf"(?:{'|'.join(GLUE_TASKS)})-seed\d+")
+_SUMMARY_TEMPORARY = re.compile(r"\.glue\.(?:json|md)\.tmp\d+")  # a killed run's write_atomic temporary
+
+
+def _is_summary(path: Path) -> bool:
+    """Whether `path` is a glue.json that tcli glue wrote."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"score", "tasks", "runs"} <= set(data)
 
 
 def best_eval(run_dir: Path) -> dict[str, Any]:
@@ -134,8 +191,7 @@ def run_glue(
 
     if seeds < 1:
         raise UserError(f"--seeds {seeds}: give 1 or more runs per task")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file, not a directory")
+    check_out(Path(out))
     runs = plan(checkpoint, Path(data_dir), parse_tasks(tasks, Path(data_dir)), seeds, Path(out), overrides or [])
     created = not out.exists()
     results: dict[str, list[dict[str, dict[str, float]]]] = {}

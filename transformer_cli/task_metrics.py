@@ -18,6 +18,8 @@ import numpy as np
 
 METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman", "entity_f1", "entity_precision", "entity_recall")
 _ENTITY = ("entity_f1", "entity_precision", "entity_recall")
+# The metrics that score each kind of task's predictions: label ids, numbers, sentences of tags.
+BY_KIND = {"classification": ("accuracy", "f1", "mcc"), "regression": ("pearson", "spearman"), "tagging": _ENTITY}
 
 
 def _pair(pred: Sequence, gold: Sequence, dtype: type) -> tuple[np.ndarray, np.ndarray]:
