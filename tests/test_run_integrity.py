@@ -447,7 +447,24 @@ def test_language_codes_and_split_names_stay_strings(tmp_path):
     from transformer_cli.config import TranslationRunConfig, load_config
 
     path = tmp_path / "no.yaml"
-    path.write_text("data: {src_lang: no, tgt_lang: on, test: 2016}\ntrain: {max_steps: 1, compile: no}\n")
+    path.write_text("data: {src_lang: no, tgt_lang: on, test: 2016}\ntrain: {max_steps: 1, compile: false}\n")
     cfg = load_config(TranslationRunConfig, path)
     assert (cfg.data.src_lang, cfg.data.tgt_lang, cfg.data.test, cfg.train.compile) == ("no", "on", "2016", False)
     assert load_config(TranslationRunConfig, None, ["data.src_lang=no", "train.max_steps=1"]).data.src_lang == "no"
+
+
+@pytest.mark.parametrize("value", ["no", "yes", "on", "off", "1", "0", "'true'", "y"])
+@pytest.mark.parametrize("key", ["train.compile", "model.tie_output", "vocab.joint", "eval.bleu"])
+def test_bool_keys_take_only_true_and_false(key, value):
+    """YAML 1.1's yes/no/on/off (and numbers, and quoted text) are not booleans here, in a file or --set alike."""
+    from transformer_cli.config import TranslationRunConfig, load_config
+    from transformer_cli.errors import UserError
+
+    separate = ["model.share_embeddings=false"]  # so that vocab.joint may be false
+    with pytest.raises(UserError, match=rf"{key}: write true or false") as err:
+        load_config(TranslationRunConfig, None, [f"{key}={value}", "train.max_steps=1"])
+    assert "\n" not in str(err.value)
+    for text, expected in (("true", True), ("false", False), ("True", True), ("FALSE", False)):
+        cfg = load_config(TranslationRunConfig, None, [f"{key}={text}", "train.max_steps=1", *separate])
+        section, name = key.split(".")
+        assert getattr(getattr(cfg, section), name) is expected

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from transformer_cli import task_metrics
 from transformer_cli.errors import UserError, quote
@@ -24,8 +24,8 @@ class _Loader(yaml.SafeLoader):
     """YAML as a config needs it.
 
     - `1e-3` is the float every user means (YAML 1.1 reads it as a string).
-    - Only true/false are booleans, as in YAML 1.2: `src_lang: no` (Norwegian) stays the string "no"
-      (bool keys still accept yes/no/on/off: the config types parse those strings).
+    - Only true/false are booleans, as in YAML 1.2: `src_lang: no` (Norwegian) stays the string "no", and a
+      bool key given yes/no/on/off/1/0 is an error (StrictBool), not a guess.
     - No timestamps: `test: 2016-12-01` names a split, it is not a date.
     - A key given twice in one mapping is an error naming both lines, not a silent last-one-wins.
     - Aliases may not expand the document beyond MAX_VALUES values ("billion laughs").
@@ -136,7 +136,7 @@ class VocabConfig(Section):
 
     size: int = Field(8000, ge=16, le=1_000_000, description="target vocabulary size (an upper bound)")
     type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
-    joint: bool = Field(True, description="one vocabulary for source and target (needed to share embeddings)")
+    joint: StrictBool = Field(True, description="one vocabulary for source and target (needed to share embeddings)")
     character_coverage: float = Field(1.0, gt=0.0, le=1.0, description="share of characters covered")
     max_sentences: int = Field(
         1_000_000,
@@ -180,7 +180,7 @@ class TrainConfig(Section):
         description="at the end, average the last N step "
         "checkpoints into averaged.pt and score it beside best.pt (keep_last >= N)",
     )
-    compile: bool = Field(False, description="torch.compile the model")
+    compile: StrictBool = Field(False, description="torch.compile the model")
     pad_to_multiple: int = Field(
         2,
         ge=1,
@@ -223,8 +223,8 @@ class TransformerConfig(Section):
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on attention weights")
     activation: Literal["relu", "gelu"] = Field("relu", description="FFN non-linearity")
     norm: Literal["post", "pre"] = Field("post", description="post-norm (the paper) or pre-norm")
-    share_embeddings: bool = Field(True, description="one matrix for source and target embeddings (joint vocab)")
-    tie_output: bool = Field(True, description="output projection shares the target embedding matrix")
+    share_embeddings: StrictBool = Field(True, description="one matrix for source and target embeddings (joint vocab)")
+    tie_output: StrictBool = Field(True, description="output projection shares the target embedding matrix")
     max_positions: int = Field(1024, ge=2, le=MAX_POSITIONS, description="longest sequence the positional table covers")
 
 
@@ -236,7 +236,7 @@ class EvalConfig(Section):
     max_len_a: float = Field(1.2, ge=0.0, le=1000.0, description="max output length = a * source length + b")
     max_len_b: int = Field(10, ge=1, le=MAX_POSITIONS, description="see max_len_a")
     max_tokens: int = Field(8000, ge=16, le=MAX_BATCH_TOKENS, description="source tokens per decoding batch")
-    bleu: bool = Field(True, description="decode the validation set and score BLEU at each evaluation")
+    bleu: StrictBool = Field(True, description="decode the validation set and score BLEU at each evaluation")
 
 
 class TranslationTrainConfig(TrainConfig):
@@ -359,6 +359,8 @@ def build_config(schema: type[Section], raw: dict[str, Any], source: str) -> Any
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = f"unknown key; valid keys here: {_valid_keys(schema, err['loc'][:-1])}"
+        elif err["type"] == "bool_type":
+            msg = f"write true or false (got {quote(err['input'])})"
         elif "input" in err and not isinstance(err["input"], dict):
             msg = f"{msg} (got {quote(err['input'])})"
         more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
@@ -427,7 +429,7 @@ class BertDataConfig(Section):
     format: Literal["text", "wikitext"] = Field(
         "text", description="text: blank lines separate documents; wikitext: '= Title =' lines start documents"
     )
-    split_sentences: bool = Field(False, description="split lines into sentences with a rule-based splitter")
+    split_sentences: StrictBool = Field(False, description="split lines into sentences with a rule-based splitter")
     preprocessed: str | None = Field(
         None,
         description="a folder written by tcli preprocess (default: the run preprocesses into its own data/ folder)",
@@ -572,7 +574,7 @@ class FinetuneTrainConfig(TrainConfig):
         "data.max_seq_len); in bf16 on a CPU, up to a set of 8 sizes per doubling, each a multiple of this: "
         "few repeating tensor shapes keep oneDNN's kernel cache warm",
     )
-    pad_to_max: bool = Field(False, description="pad every batch to data.max_seq_len (for benchmarks)")
+    pad_to_max: StrictBool = Field(False, description="pad every batch to data.max_seq_len (for benchmarks)")
 
 
 class FinetuneRunConfig(Section):
