@@ -113,6 +113,8 @@ def test_count_params_counts_the_head_exactly(runs, kind):
     assert report["formula_matches"] and report["total"] - report["bert_model"] == 16 * C + C
     table = CliRunner().invoke(app, ["count-params", "--checkpoint", str(ckpt)]).stdout
     assert "task head" in table and "H·C + C" in table and "equals the built model" in table
+    # every formula name stands apart from its formula (BertForSequenceClassification is 29 characters)
+    assert any(line.split()[:2] == [report["hf_class"], "BertModel"] for line in table.splitlines())
 
 
 def _predict(ckpt: Path, lines: list[str]) -> list[str]:

@@ -215,6 +215,34 @@ def test_bert_checkpoint(tmp_path, capsys):
     assert f"{unique:,}" in out and "equal to the model count" in out
 
 
+@pytest.mark.parametrize("kind", ["bert", "translation"])
+def test_checkpoint_is_checked_like_every_command_that_loads_one(tmp_path, kind):
+    """NaN weights, a missing, extra or mis-shaped tensor: one line naming the file, as translate's and
+    export-hf's (checkpoint.Checkpoint.check), not a count of a broken file."""
+    if kind == "bert":
+        raw = {"train": {"max_steps": 1}, "model": {"d_model": 16, "layers": 1, "heads": 2, "ffn_dim": 32}}
+        cfg = build_config(BertRunConfig, {**raw, "data": {"max_seq_len": 16}}, "test")
+        model = build_bert(cfg.model, 60)
+    else:
+        dims = {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1, "max_positions": 32}
+        cfg = build_config(
+            TranslationRunConfig, {"train": {"max_steps": 1}, "data": {"max_len": 30}, "model": dims}, "test"
+        )
+        model = build_transformer(cfg.model, 60, 60)
+    weights = model.state_dict()
+    name = next(k for k, t in weights.items() if t.dim() == 2 and "embed" not in k)
+    for broken, message in (
+        ({**weights, name: torch.full_like(weights[name], float("nan"))}, "NaN or infinite"),
+        ({k: t for k, t in weights.items() if k != name}, f"lack {name}"),
+        ({**weights, "surprise.weight": torch.zeros(2)}, "unexpected tensor 'surprise.weight'"),
+        ({**weights, name: weights[name][:, :-1]}, "has shape"),
+    ):
+        path = tmp_path / f"{kind}.pt"
+        torch.save({"tcli": {"kind": kind}, "config": cfg.model_dump(mode="json"), "model": broken}, path)
+        msg = _one_line_error(None, path, None, None, False)
+        assert message in msg and str(path) in msg, msg
+
+
 def _one_line_error(*args) -> str:
     with pytest.raises(UserError) as e:
         run_count_params(*args)

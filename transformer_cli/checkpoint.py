@@ -56,28 +56,34 @@ class Checkpoint:
         return self.__dict__["_finetune"]
 
     def build_model(self) -> nn.Module:
-        """The model of this checkpoint with its weights, after checking every tensor's name and shape
-        against the config (on the meta device: no memory) and that every weight is finite."""
-        from transformer_cli.models.builders import build_bert, build_transformer
+        """The model of this checkpoint with its weights, after `check` (names, shapes, finite values)."""
+        self.check()
+        model = self._build()
+        model.load_state_dict(self.weights)
+        return model
 
-        def build() -> nn.Module:
-            if self.kind == "finetune":
-                from transformer_cli.finetuned import build_classifier
-
-                return build_classifier(self.finetune)
-            if self.kind == "bert":
-                return build_bert(self.cfg.model, len(self.vocabs[0]))
-            return build_transformer(self.cfg.model, len(self.vocabs[0]), len(self.vocabs[1]))
-
+    def check(self, vocab_sizes: tuple[int, int] | None = None) -> None:
+        """Every tensor's name and shape against the config (on the meta device: no memory), and every weight
+        finite: one-line errors naming the file. `vocab_sizes` (source, target) stand in for vocabularies that
+        were not read (`read_checkpoint(vocab=False)`)."""
         try:
             with torch.device("meta"):
-                expected = build().state_dict()
+                expected = self._build(vocab_sizes).state_dict()
         except ValueError as e:
             raise UserError(f"{self.path}: its config does not describe a valid model: {e}") from None
         check_weights(self.weights, expected, str(self.path))
-        model = build()
-        model.load_state_dict(self.weights)
-        return model
+
+    def _build(self, vocab_sizes: tuple[int, int] | None = None) -> nn.Module:
+        from transformer_cli.models.builders import build_bert, build_transformer
+
+        if self.kind == "finetune":
+            from transformer_cli.finetuned import build_classifier
+
+            return build_classifier(self.finetune)
+        src, tgt = vocab_sizes or (len(self.vocabs[0]), len(self.vocabs[-1]))
+        if self.kind == "bert":
+            return build_bert(self.cfg.model, src)
+        return build_transformer(self.cfg.model, src, tgt)
 
 
 def check_weights(weights: dict[str, Any], expected: dict[str, torch.Tensor], source: str) -> None:

@@ -409,13 +409,16 @@ def count_checkpoint(path: Path) -> dict[str, Any]:
     """The stored element count of a checkpoint, beside the count of the model its config builds."""
     ckpt = read_checkpoint(path, vocab=False)
     if ckpt.kind == "finetune":
+        ckpt.check()
         report = count_finetuned(ckpt.finetune, f"checkpoint {path}")
         report["stored_total"] = stored_count(ckpt.weights)
         report["stored_matches"] = report["stored_total"] == report["total"]
         return report
     kind, cfg, weights = ckpt.kind, ckpt.cfg, ckpt.weights
     src, tgt = ("embeddings.token.weight",) * 2 if kind == "bert" else ("src_embed.weight", "tgt_embed.weight")
-    report = count_config(cfg, _rows(weights, src, path), _rows(weights, tgt, path), f"checkpoint {path}")
+    sizes = _rows(weights, src, path), _rows(weights, tgt, path)
+    ckpt.check(sizes)
+    report = count_config(cfg, *sizes, f"checkpoint {path}")
     report["stored_total"] = stored_count(weights)
     report["stored_matches"] = report["stored_total"] == report["total"]
     return report
@@ -513,9 +516,10 @@ def format_table(r: dict[str, Any]) -> str:
         same = "equal to the model count" if r["stored_matches"] else "DIFFERS from the model count"
         out.append(f"stored in the checkpoint: {r['stored_total']:,} elements (tied tensors once), {same}")
     out += ["", "formula (exact, closed form; F = FFN inner size):"]
+    width = max(20, *(len(t["name"]) + 2 for t in r["formula"]))  # BertForSequenceClassification: 29
     for t in r["formula"]:
         numbers = "" if t["substituted"] == str(t["value"]) else f" = {t['substituted']}"
-        out.append(f"  {t['name']:<20}{t['symbolic']:<34}{numbers} = {t['value']:,}")
+        out.append(f"  {t['name']:<{width}}{t['symbolic']:<34}{numbers} = {t['value']:,}")
     if r["formula_note"]:
         out.append(f"  with {r['formula_note']}")
     check = "equals the built model" if r["formula_matches"] else f"DIFFERS from the built model ({r['total']:,})"
