@@ -300,6 +300,17 @@ def test_predict_never_writes_over_what_it_reads_nor_an_output_it_cannot_replace
         assert "Traceback" not in result.output and result.output.count("\n") == 1
 
 
+def test_a_folder_where_a_file_goes_is_named_as_one(tmp_path, finetuned):
+    (tmp_path / "train.tsv").mkdir()
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\na cat\tpos\n")
+    cfg = write_config(tmp_path / "ft.yaml", tmp_path, "none", "")
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 2 and "train.tsv is a folder, not a file" in result.output, result.output
+    best = str(finetuned / "checkpoints" / "best.pt")
+    result = CliRunner().invoke(app, ["evaluate", "--checkpoint", best, "-i", str(tmp_path), "--device", "cpu"])
+    assert result.exit_code == 2 and f"--input {tmp_path} is a folder, not a file" in result.output, result.output
+
+
 def test_tagging_on_conll_first_pieces_and_word_tag_output(tmp_path):
     """CoNLL files, a tag per word at its first piece; entity scores; predict writes `word tag` lines."""
     rng = random.Random(3)

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from transformer_cli.files import check_file
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -88,11 +90,11 @@ def _evaluate_translation(
     if split is not None:
         src_path, ref_path = split_paths(data_dir or cfg.data.dir, split, cfg.data.src_lang, cfg.data.tgt_lang)
         for path in (src_path, ref_path):
-            if not path.is_file():
-                raise UserError(
-                    f"--split {split}: {path} not found (the checkpoint's data.dir is {cfg.data.dir}; "
-                    "point elsewhere with --data-dir)"
-                )
+            check_file(
+                path,
+                f"--split {split}: {path} {{what}} (the checkpoint's data.dir is {cfg.data.dir}; "
+                "point elsewhere with --data-dir)",
+            )
     elif reference is None:
         raise UserError("--input needs --reference (the translations to score against)")
     else:
@@ -222,10 +224,8 @@ def _labelled_examples(
         path = folder / getattr(d, split)
     else:
         path = input_path
-    if not path.is_file():
-        raise UserError(
-            f"{path} not found" + (f" (the checkpoint's data.dir is {d.dir}; see --data-dir)" if split else "")
-        )
+    hint = f" (the checkpoint's data.dir is {d.dir}; see --data-dir)" if split else ""
+    check_file(path, f"{'--split ' + split if split else '--input'} {path} {{what}}{hint}")
     if meta.kind == "tagging":
         examples: list[Any] = read_conll(path)
         unlabelled = next((ex for ex in examples if ex.tags is None), None)

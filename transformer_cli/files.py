@@ -43,6 +43,14 @@ def check_user_paths(values: Iterable[tuple[str, object]]) -> None:
                 check_user_path(item, what)
 
 
+def check_file(path: Path, message: str) -> None:
+    """One line when `path` is no file: `message` (which names it) + " not found", or + " is a folder, not a
+    file" where a folder stands at a file's place."""
+    if path.is_file():
+        return
+    raise UserError(message.format(what="is a folder, not a file" if path.is_dir() else "not found"))
+
+
 def same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file: the same inode where both exist (hard and symbolic links included),
     else the same resolved path."""

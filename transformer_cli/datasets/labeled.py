@@ -23,6 +23,7 @@ from pathlib import Path
 
 from transformer_cli.datasets.text import BOM, decode_utf8, invalid_utf8, read_error
 from transformer_cli.errors import UserError, quote
+from transformer_cli.files import check_file
 
 KINDS = ("classification", "regression")
 TABLE_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json")
@@ -175,10 +176,7 @@ def read_glue(data_dir: Path, task: str, split: str) -> list[TextExample]:
             f"GLUE task {task} has no split {quote(split)}; its splits are: train, {', '.join(t.dev_splits)}"
         )
     path = Path(data_dir) / t.folder / f"{split}.tsv"
-    if not path.is_file():
-        raise UserError(
-            f"{path} not found: {data_dir} should hold GLUE's {t.folder}/{split}.tsv (the glue_data layout)"
-        )
+    check_file(path, f"{path} {{what}}: {data_dir} should hold GLUE's {t.folder}/{split}.tsv (the glue_data layout)")
     examples = _read_tsv(path, t.text, t.pair, t.label, t.kind, header=t.header)
     if t.labels is not None:
         check_labels(examples, t.labels, path)

@@ -31,6 +31,7 @@ from transformer_cli.datasets.labeled import (
     read_table,
 )
 from transformer_cli.errors import UserError
+from transformer_cli.files import check_file
 from transformer_cli.run import SetupBase, run_training
 
 if TYPE_CHECKING:
@@ -65,8 +66,7 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
     else:
         paths = [Path(d.dir) / d.train, Path(d.dir) / d.valid]
         for path in paths:
-            if not path.is_file():
-                raise UserError(f"data: {path} not found (data.dir {d.dir!r} and data.train / data.valid)")
+            check_file(path, f"data: {path} {{what}} (data.dir {d.dir!r} and data.train / data.valid)")
         conll = d.format == "conll" or (d.format == "auto" and paths[0].suffix.lower() in (".txt", ".conll"))
         if (t.kind == "tagging") != conll:
             raise UserError(
