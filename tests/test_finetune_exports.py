@@ -126,6 +126,15 @@ def _predict(ckpt: Path, lines: list[str]) -> list[str]:
 TEXTS = ["the cat sat on a mat", "dog ran to house", "a garden in the house"]
 
 
+def test_pair_model_reads_exactly_two_fields_a_line(runs):
+    ckpt = runs["regression"] / "checkpoints" / "last.pt"
+    assert len(_predict(ckpt, ["the cat\tsat", "a dog\tran\r"])) == 2
+    for line, fields in (("the cat\tsat\tmore", 3), ("no tab here", 1), ("the cat\t ", 2)):
+        result = CliRunner().invoke(app, ["predict", "--checkpoint", str(ckpt), "--device", "cpu"], input=line + "\n")
+        assert result.exit_code == 2, result.output
+        assert "<stdin>:1: this model reads pairs" in result.output and f"has {fields} tab-separated" in result.output
+
+
 def _export(run: Path, tmp_path: Path) -> tuple[Path, Path]:
     ckpt, folder = run / "checkpoints" / "last.pt", tmp_path / "hf"
     result = CliRunner().invoke(app, ["export-hf", "--checkpoint", str(ckpt), "--out", str(folder)])

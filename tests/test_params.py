@@ -259,6 +259,14 @@ def test_errors(tmp_path):
     text = tmp_path / "notes.pt"
     text.write_text("not a checkpoint\n")
     assert "not a readable tcli checkpoint" in _one_line_error(None, text, None, None, False)
+    whole = tmp_path / "whole.pt"
+    torch.save({"tcli": {"kind": "bert"}, "model": {"w": torch.zeros(512, 64)}}, whole)
+    for cut in (100, len(whole.read_bytes()) // 2, len(whole.read_bytes()) - 10):  # a copy or save cut short
+        cut_file = tmp_path / f"cut{cut}.pt"
+        cut_file.write_bytes(whole.read_bytes()[:cut])
+        msg = _one_line_error(None, cut_file, None, None, False)
+        assert "is not a readable tcli checkpoint: the file is truncated" in msg and msg.endswith("of the run"), msg
+        assert len(msg) < 300 + len(str(cut_file)), msg  # torch's own sentence, cut at a word, not mid-word
     assert "give one of" in _one_line_error(None, None, None, None, False)
     assert "give one of" in _one_line_error(bad, None, "bert-base", None, False)
     assert "model.head" in _one_line_error(None, None, "bert-base", ["model.head=3"], False)

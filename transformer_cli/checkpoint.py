@@ -188,11 +188,22 @@ def _load(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a damaged, truncated or foreign file
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is not a readable tcli checkpoint ({first[:160]})") from None
+        raise UserError(
+            f"{path} is not a readable tcli checkpoint: the file is truncated, damaged or not a torch file "
+            f"(torch.load: {_first_sentence(e)}); use another checkpoint, e.g. an earlier one of the run"
+        ) from None
     if not isinstance(state, dict):
         raise UserError(f"{path} is not a tcli checkpoint (it holds a {type(state).__name__}, not a dict)")
     return state
+
+
+def _first_sentence(e: Exception, most: int = 100) -> str:
+    """The first sentence of an error's message, whole words, at most about `most` characters."""
+    text = str(e).strip().splitlines()[0].strip() if str(e).strip() else ""
+    text = text.split(". ")[0].rstrip(".")
+    if len(text) > most:
+        text = text[:most].rsplit(" ", 1)[0] + " ..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _vocabs(vocab: Any, kind: str, cfg: Any, path: Path) -> tuple[Vocab, ...]:

@@ -90,9 +90,13 @@ def _plain(line: str, number: int, pair_model: bool, tagging: bool, name: str) -
     if tagging:
         return TaggedSentence(tuple(text.split()), None, number)
     if pair_model:
-        a, sep, b = line.partition("\t")
-        if not sep or not a.strip() or not b.strip():
-            raise UserError(f"{name}:{number}: this model reads pairs: give 'first text<TAB>second text'")
+        fields = line.rstrip("\r\n").split("\t")
+        if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+            raise UserError(
+                f"{name}:{number}: this model reads pairs: give 'first text<TAB>second text' "
+                f"(the line has {len(fields)} tab-separated field{'s' if len(fields) != 1 else ''})"
+            )
+        a, b = fields
         return TextExample(a.strip(), b.strip(), None, number)
     return TextExample(text, None, None, number)
 
