@@ -128,6 +128,22 @@ def test_finetune_metrics_that_cannot_score_the_task_are_config_errors(tmp_path,
             assert load_config(FinetuneRunConfig, None, [f"task.kind={kind}", f"task.metrics={chosen}"])
 
 
+def test_a_config_of_another_command_names_the_command_that_runs_it():
+    """Every shipped config given to a command of another kind: one line naming the command, not an unknown key."""
+    from transformer_cli.config import COMMANDS, SCHEMAS, config_kind, read_yaml
+
+    kinds = {"finetune": "finetune", "bert": "bert"}
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        kind = next((k for prefix, k in kinds.items() if path.name.startswith(prefix)), "translation")
+        assert kind == "finetune" or config_kind(read_yaml(path)) == kind
+        for other, schema in SCHEMAS.items():
+            if other == kind:
+                continue
+            with pytest.raises(UserError) as err:
+                load_config(schema, path)
+            assert f"run it with `{COMMANDS[kind]} --config`" in str(err.value), (path, other, str(err.value))
+
+
 def test_invalid_yaml_names_line(tmp_path):
     path = write(tmp_path, "train:\n  max_steps: 10\n  lr: [1, 2\n")
     with pytest.raises(UserError, match=r"run\.yaml line \d+: invalid YAML"):

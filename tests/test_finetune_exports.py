@@ -126,6 +126,25 @@ def _predict(ckpt: Path, lines: list[str]) -> list[str]:
 TEXTS = ["the cat sat on a mat", "dog ran to house", "a garden in the house"]
 
 
+def test_predict_refuses_an_input_of_the_other_kind_of_model(runs, tmp_path):
+    """A .conll file to a classifier, a table to a tagger: one line saying what the model reads, nothing written
+    (not CoNLL lines classified as texts, not a table's header tagged as words)."""
+    conll = tmp_path / "in.conll"
+    conll.write_text("John B-PER\nlives O\n")
+    table = tmp_path / "in.tsv"
+    table.write_text("sentence\tlabel\nthe cat\tpos\n")
+    out = tmp_path / "out.txt"
+    for kind, given, message in (
+        ("classification", conll, "a .conll file is for a tagger"),
+        ("tagging", table, "tags words"),
+    ):
+        ckpt = runs[kind] / "checkpoints" / "last.pt"
+        args = ["predict", "--checkpoint", str(ckpt), "-i", str(given), "-o", str(out), "--device", "cpu"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
+        assert not out.exists()
+
+
 def test_pair_model_reads_exactly_two_fields_a_line(runs):
     ckpt = runs["regression"] / "checkpoints" / "last.pt"
     assert len(_predict(ckpt, ["the cat\tsat", "a dog\tran\r"])) == 2

@@ -181,8 +181,11 @@ def test_label_set_and_check_of_tags(tmp_path):
     assert label_set(train, tmp_path) == ("B-LOC", "B-PER", "O")
     dev = [TaggedSentence(("x", "y"), ("O", "I-MISC"), 9)]
     assert one_line_error(check_labels, dev, ("O", "B-PER"), tmp_path / "d", match="'I-MISC'").startswith(
-        f"{tmp_path / 'd'}:9: "
+        f"{tmp_path / 'd'}:10: "  # the line of the word with the unknown tag, not of its sentence's first word
     )
+    conll = write(tmp_path / "dev.conll", "-DOCSTART- O\n\nJohn B-PER\nlives O\n\nin O\nBerlin B-LOC\nnow O\n")
+    message = one_line_error(check_labels, read_conll(conll), ("O", "B-PER"), conll, match="'B-LOC'")
+    assert message.startswith(f"{conll}:7: "), message
 
 
 # --- CoNLL and plain text -------------------------------------------------------------------------------------

@@ -394,9 +394,47 @@ def load_config(
             source += " with --set " + " ".join(overrides)
     if overrides:
         raw = _merge(raw, parse_overrides(overrides))
-    cfg = build_config(schema, raw, source)
+    try:
+        cfg = build_config(schema, raw, source)
+    except UserError as e:
+        other = _kind_that_fits(schema, raw) if _has_unknown_key(schema, raw) else None
+        if other is None:
+            raise
+        this = next(kind for kind, s in SCHEMAS.items() if s is schema)
+        hint = " (count-params counts a fine-tuned model from its checkpoint)" if other == "finetune" else ""
+        raise UserError(
+            f"config error in {source}: this is a {KIND_NAMES[other]} config, not a {KIND_NAMES[this]} config; "
+            f"run it with `{COMMANDS[other]} --config`{hint}"
+        ) from e
     _check_paths(cfg)
     return cfg
+
+
+def _has_unknown_key(schema: type[Section], raw: dict[str, Any]) -> bool:
+    """Whether `raw` names a section, or a key of a section, that `schema` does not have."""
+    for name, value in raw.items():
+        field = schema.model_fields.get(name)
+        if field is None:
+            return True
+        section = field.annotation
+        if isinstance(value, dict) and isinstance(section, type) and issubclass(section, BaseModel):
+            if any(key not in section.model_fields for key in value):
+                return True
+    return False
+
+
+def _kind_that_fits(schema: type[Section], raw: dict[str, Any]) -> str | None:
+    """The other kind of config (of SCHEMAS) that `raw` is valid as, if any: a config with keys the command
+    does not know, given to the wrong command, then says which command runs it."""
+    for kind, other in SCHEMAS.items():
+        if other is schema:
+            continue
+        try:
+            build_config(other, raw, "")
+        except UserError:
+            continue
+        return kind
+    return None
 
 
 def _check_paths(cfg: Any) -> None:
@@ -620,6 +658,8 @@ SCHEMAS: dict[str, type[TranslationRunConfig] | type[BertRunConfig] | type[Finet
     "bert": BertRunConfig,
     "finetune": FinetuneRunConfig,
 }
+COMMANDS = {"translation": "tcli train", "bert": "tcli pretrain-bert", "finetune": "tcli finetune"}
+KIND_NAMES = {"translation": "translation", "bert": "BERT pretraining", "finetune": "fine-tuning"}
 
 
 def config_kind(raw: dict[str, Any]) -> str:

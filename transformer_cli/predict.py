@@ -110,12 +110,22 @@ def run_predict(
     with ExitStack() as stack:
         predictor = Predictor(checkpoint, device, precision)
         tagging = predictor.meta.kind == "tagging"
+        if suffix == ".conll" and not tagging:
+            raise UserError(
+                f"--input {input_path}: a .conll file is for a tagger, and this is a {predictor.meta.kind} model; "
+                "give a table with its columns (.tsv, .csv, .jsonl) or one text per line"
+            )
+        if suffix in TABLES and tagging:
+            raise UserError(
+                f"--input {input_path}: this model tags words; give a .conll file or one sentence per line, "
+                f"not a {suffix} table"
+            )
         write = writer(output, stack)
-        if suffix in TABLES and not tagging:
+        if suffix in TABLES:
             text, pair = predictor.columns()
             kind = "regression" if predictor.meta.kind == "regression" else "classification"
             return _write_all(predictor, [read_table(input_path, text, pair, None, kind)], write)
-        if suffix == ".conll" and tagging:
+        if suffix == ".conll":
             return _write_all(predictor, [read_conll(input_path)], write)
         lines = stack.enter_context(open_input(input_path, sys.stdin))
         name, pair_model = str(input_path or "<stdin>"), predictor.columns()[1] is not None

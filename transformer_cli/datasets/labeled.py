@@ -334,10 +334,11 @@ def check_labels(examples: Sequence[TextExample] | Sequence[TaggedSentence], lab
         values = ex.label if isinstance(ex, TextExample) else ex.tags
         if values is None:
             continue
-        for value in (values,) if isinstance(values, (str, float)) else values:
+        for i, value in enumerate((values,) if isinstance(values, (str, float)) else values):
             if value not in known:
+                line = ex.line + i  # a sentence's words are consecutive lines from ex.line on
                 raise UserError(
-                    f"{path}:{ex.line}: label {quote(value)} is not one the model knows ({_listing(labels)}); "
+                    f"{path}:{line}: label {quote(value)} is not one the model knows ({_listing(labels)}); "
                     "correct the label, or add examples of it to the training data and train again"
                 )
 
