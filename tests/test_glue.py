@@ -182,6 +182,20 @@ def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, glue_dir):
     assert result.exit_code == 2 and "max_seq_len" in result.output and not out.exists()
 
 
+def test_bad_data_in_a_later_task_stops_before_any_training(tmp_path, glue_dir):
+    """RTE comes after MNLI in GLUE's order; its bad row is found before MNLI trains."""
+    import shutil
+
+    data = tmp_path / "glue_data"
+    shutil.copytree(glue_dir, data)
+    dev = data / "RTE" / "dev.tsv"
+    dev.write_text(dev.read_text() + "99\tone\ttwo\tmaybe\n")
+    out = tmp_path / "out"
+    result = _glue("--checkpoint", "none", "--data-dir", str(data), "--out", str(out), *_sets())
+    assert result.exit_code == 2 and "dev.tsv:" in result.output and "'maybe'" in result.output, result.output
+    assert not out.exists()
+
+
 def test_out_holding_anything_but_a_glue_run_is_refused_and_left_as_it_was(tmp_path, glue_dir, glue_run):
     """glue.md and glue.json would overwrite the user's files: a folder with other entries, or with a glue.json
     that tcli did not write, is refused before any run; an earlier tcli glue folder is taken (resumed)."""
