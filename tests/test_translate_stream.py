@@ -224,6 +224,23 @@ class EchoTranslator:
         return [[(line[::-1], 0.0)] for line in lines]
 
 
+def test_chunks_ramp_up_on_stdout_and_are_full_from_the_first_into_a_file(tmp_path, monkeypatch, capsys):
+    """To stdout someone may read the first lines as they come: 16, 32, ... lines; into --output, full chunks
+    from the start (fewer, fuller batches: a 1,000-line file in one chunk)."""
+    monkeypatch.setattr(translate, "FIRST_CHUNK_LINES", 16)
+    monkeypatch.setattr(translate, "MAX_CHUNK_LINES", 64)
+    echo = EchoTranslator()
+    monkeypatch.setattr(translate.Translator, "from_checkpoint", lambda *args: echo)
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(toy_lines(200)) + "\n", encoding="utf-8")
+    translate.run_translate(Path("unused.pt"), path, None, DecodeOptions(), quiet=True)
+    assert echo.chunks == [16, 32, 64, 64, 24] and len(capsys.readouterr().out.splitlines()) == 200
+    echo.chunks = []
+    translate.run_translate(Path("unused.pt"), path, tmp_path / "out.txt", DecodeOptions(), quiet=True)
+    assert echo.chunks == [64, 64, 64, 8]
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == [line[::-1] for line in toy_lines(200)]
+
+
 def test_memory_does_not_grow_with_the_input(tmp_path, monkeypatch):
     monkeypatch.setattr(translate, "FIRST_CHUNK_LINES", 16)
     monkeypatch.setattr(translate, "MAX_CHUNK_LINES", 256)

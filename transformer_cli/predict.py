@@ -26,7 +26,7 @@ from transformer_cli.datasets.labeled import (
 )
 from transformer_cli.errors import UserError
 from transformer_cli.finetuned import FinetuneMeta, decide, encode_tagged, encode_texts, length_order, predict_logits
-from transformer_cli.streams import check_outputs, chunks, open_input, writer
+from transformer_cli.streams import check_outputs, chunks, first_chunk, open_input, writer
 
 TABLES = (".tsv", ".csv", ".jsonl", ".json")
 ROWS = 64  # examples per forward pass
@@ -130,7 +130,8 @@ def run_predict(
         lines = stack.enter_context(open_input(input_path, sys.stdin))
         name, pair_model = str(input_path or "<stdin>"), predictor.columns()[1] is not None
         number = 0
-        for chunk in chunks(lines, FIRST_CHUNK_LINES, MAX_CHUNK_LINES):  # written before the next chunk is read
+        first = first_chunk(output, FIRST_CHUNK_LINES, MAX_CHUNK_LINES)
+        for chunk in chunks(lines, first, MAX_CHUNK_LINES):  # written before the next chunk is read
             examples = [_plain(line, number + i + 1, pair_model, tagging, name) for i, line in enumerate(chunk)]
             number += _write_all(predictor, [examples], write)
         return number

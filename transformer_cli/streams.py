@@ -46,6 +46,13 @@ def check_outputs(outputs: Sequence[tuple[str, Path | None]], inputs: Sequence[t
     check_distinct(outputs, inputs)
 
 
+def first_chunk(output: Path | None, first: int, most: int) -> int:
+    """The lines of the first chunk: `first` where the output goes to stdout, whose first lines someone may be
+    reading as they come (a terminal, `| head`); `most` where it goes to a file, read when the command ends:
+    full chunks from the start make fewer, fuller batches (a 1,000-line file in 1 chunk, not 5)."""
+    return first if output is None else most
+
+
 def chunks(lines: LineReader, first: int, most: int) -> Iterator[list[str]]:
     """The input in chunks of `first` lines, then twice as many, ... up to `most`.
     A chunk also ends where the input pauses (a pipe or terminal with no next line written yet), so the

@@ -24,7 +24,7 @@ from transformer_cli.decode import DecodeOptions, decode_corpus
 from transformer_cli.errors import UserError
 from transformer_cli.models.transformer import Transformer
 from transformer_cli.runtime import Runtime
-from transformer_cli.streams import check_outputs, chunks, open_input, writer
+from transformer_cli.streams import check_outputs, chunks, first_chunk, open_input, writer
 from transformer_cli.vocab import BOS_ID, EOS_ID, Vocab
 
 
@@ -89,8 +89,10 @@ class Translator:
         return out
 
 
-# The first chunk is small so that its lines come out within a second or two; chunks then double up to
-# MAX_CHUNK_LINES, enough lines for length-sorted batches of similar lengths (--max-tokens each).
+# Written to stdout (a terminal, a pipe), the first chunk is small so that its lines come out within a second or
+# two; chunks then double up to MAX_CHUNK_LINES, enough lines for length-sorted batches of similar lengths
+# (--max-tokens each). Written to --output, where no one reads the first lines as they come, every chunk is
+# MAX_CHUNK_LINES: fewer, fuller batches (streams.first_chunk).
 FIRST_CHUNK_LINES = 64
 MAX_CHUNK_LINES = 4096
 
@@ -141,7 +143,8 @@ def run_translate(
 
             layer = resolve_layer(inspect.alignment_layer, len(translator.model.decoder))
         write = writer(output, stack)
-        done = _translate_stream(translator, lines, write, opts, layer, inspect, keep_best=refs is not None)
+        first = first_chunk(output, FIRST_CHUNK_LINES, MAX_CHUNK_LINES)
+        done = _translate_stream(translator, lines, write, opts, layer, inspect, first, keep_best=refs is not None)
     if refs is not None and len(refs) != done.sentences:
         raise UserError(f"--reference {reference} has {len(refs)} lines but the input has {done.sentences}")
     seconds = done.seconds
@@ -196,11 +199,12 @@ def _translate_stream(
     opts: DecodeOptions,
     layer: int | None,
     inspect: InspectOptions,
+    first: int,
     keep_best: bool,
 ) -> _Streamed:
-    """Translate chunk by chunk, writing each chunk's output before reading on."""
+    """Translate chunk by chunk (`first` lines, then doubling), writing each chunk's output before reading on."""
     done = _Streamed()
-    for chunk in chunks(lines, FIRST_CHUNK_LINES, MAX_CHUNK_LINES):
+    for chunk in chunks(lines, first, MAX_CHUNK_LINES):
         start = time.perf_counter()
         results = translator.translate(
             chunk, opts, warn=lambda message: print(message, file=sys.stderr), first_line=done.sentences
