@@ -145,6 +145,17 @@ def test_predict_refuses_an_input_of_the_other_kind_of_model(runs, tmp_path):
         assert not out.exists()
 
 
+def test_average_refuses_fine_tuned_checkpoints_of_different_tasks(runs, tmp_path):
+    """A classifier's and a regressor's heads differ in shape (it broadcast them, exit 0, or crashed the other
+    way round): one line naming both files, in either order, and nothing written."""
+    out = tmp_path / "avg.pt"
+    for a, b in (("classification", "regression"), ("regression", "classification"), ("classification", "tagging")):
+        paths = [str(runs[k] / "checkpoints" / "last.pt") for k in (a, b)]
+        result = CliRunner().invoke(app, ["average", "--checkpoints", *paths, "--out", str(out)])
+        assert result.exit_code == 2 and f"one is a {a} model, the other a {b} model" in result.output, result.output
+        assert result.output.count("\n") == 1 and not out.exists()
+
+
 def test_pair_model_reads_exactly_two_fields_a_line(runs):
     ckpt = runs["regression"] / "checkpoints" / "last.pt"
     assert len(_predict(ckpt, ["the cat\tsat", "a dog\tran\r"])) == 2

@@ -80,6 +80,8 @@ def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
     where = f"{a.path} and {b.path}"
     if a.kind != b.kind:
         raise UserError(f"cannot average {where}: one holds a {a.kind} model, the other a {b.kind} model")
+    if a.kind == "finetune":  # the task and its head, the encoder's sizes and the tokenizer, from the metadata
+        _check_same_task(a, b, where)
     ours, theirs = a.cfg.model.model_dump(), b.cfg.model.model_dump()
     differ = [k for k in ours if ours[k] != theirs.get(k)]
     if differ:
@@ -87,6 +89,20 @@ def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
         raise UserError(f"cannot average {where}: model.{k} is {ours[k]} in one and {theirs.get(k)} in the other")
     if a.state.get("vocab") != b.state.get("vocab"):
         raise UserError(f"cannot average {where}: they were trained with different vocabularies")
+
+
+def _check_same_task(a: Checkpoint, b: Checkpoint, where: str) -> None:
+    ours, theirs = a.finetune, b.finetune
+    if ours.kind != theirs.kind:
+        raise UserError(f"cannot average {where}: one is a {ours.kind} model, the other a {theirs.kind} model")
+    if list(ours.labels) != list(theirs.labels):
+        raise UserError(
+            f"cannot average {where}: their label sets differ ({', '.join(ours.labels[:4])} against "
+            f"{', '.join(theirs.labels[:4])}); average checkpoints of one fine-tuning run"
+        )
+    for key in ("encoder", "vocab_size", "tokenizer"):
+        if ours.state()[key] != theirs.state()[key]:
+            raise UserError(f"cannot average {where}: their {key} differs; average checkpoints of one fine-tuning run")
 
 
 def check_distinct(paths: list[Path]) -> None:
