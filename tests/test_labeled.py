@@ -40,6 +40,22 @@ def one_line_error(fn, *args, match: str) -> str:
 # --- TSV ------------------------------------------------------------------------------------------------------
 
 
+def test_a_column_named_twice_is_refused_not_guessed(tmp_path):
+    for name, text in (
+        ("a.tsv", "sentence\tsentence\tlabel\nfirst\tsecond\tpos\n"),
+        ("a.csv", "sentence,label,label\nfirst,pos,neg\n"),
+    ):
+        message = one_line_error(
+            read_table, write(tmp_path / name, text), "sentence", None, "label", "classification", match="times"
+        )
+        assert message.startswith(f"{tmp_path / name}:1: the header names the column"), message
+    path = write(
+        tmp_path / "a.jsonl", '{"sentence": "a", "label": "pos"}\n{"sentence": "b", "sentence": "c", "label": "pos"}\n'
+    )
+    message = one_line_error(read_table, path, "sentence", None, "label", "classification", match="appears twice")
+    assert message.startswith(f"{path}:2: the key 'sentence'"), message
+
+
 def test_tsv_splits_on_tab_only_and_keeps_quotes(tmp_path):
     p = write(tmp_path / "a.tsv", 'sentence\tpair\tlabel\nHe said "hi\tand, then\tpos\n"odd" one\tx\tneg\n')
     got = read_table(p, "sentence", "pair", "label", "classification")

@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from transformer_cli.datasets.text import BOM, decode_utf8, invalid_utf8, read_error
 from transformer_cli.errors import UserError, quote
@@ -461,6 +462,10 @@ def _column(path: Path, names: list[str] | None, width: int, column: str | int |
         return column
     if names is None or column not in names:
         raise UserError(f"{path}: no column {quote(column)}; the header has: {_listing(names or [], 50)}")
+    if names.count(column) > 1:  # which one is meant? (taking the first would silently drop the other)
+        raise UserError(
+            f"{path}:1: the header names the column {quote(column)} {names.count(column)} times; rename one"
+        )
     return names.index(column)
 
 
@@ -491,15 +496,31 @@ def _label(path: Path, line: int, value: object, kind: str) -> str | float:
     return number
 
 
+@dataclass(frozen=True)
+class _Repeated:
+    key: str  # a key given twice in one JSON object (json.loads would keep the last one silently)
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any] | _Repeated:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj or isinstance(value, _Repeated):
+            return value if isinstance(value, _Repeated) else _Repeated(key)
+        obj[key] = value
+    return obj
+
+
 def _read_jsonl(path: Path, text: str, pair: str | None, label: str | None, kind: str) -> list[TextExample]:
     examples = []
     for n, raw in enumerate(_lines(path), start=1):
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, object_pairs_hook=_pairs)
         except json.JSONDecodeError as e:
             obj = e
+        if isinstance(obj, _Repeated):
+            raise UserError(f"{path}:{n}: the key {quote(obj.key)} appears twice in this object; keep one")
         if not isinstance(obj, dict):
             raise UserError(
                 f"{path}:{n}: not a JSON object; a {path.suffix} file holds one object per line (JSON lines), "
