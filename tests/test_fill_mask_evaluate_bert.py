@@ -95,5 +95,13 @@ def test_fill_mask_bad_input_is_one_line(bert_run, tmp_path):
     long = tmp_path / "long.txt"
     long.write_text("The [MASK] saw it.\n" + "river " * 80 + "[MASK]\n", encoding="utf-8")
     one_line_error(run_tcli("fill-mask", "--checkpoint", ckpt, "--input", str(long)), "line 2", "max_positions")
-    one_line_error(run_tcli("fill-mask", "--checkpoint", ckpt), "--input FILE")
+    one_line_error(run_tcli("fill-mask", "--checkpoint", ckpt, input=""), "<stdin> is empty")
+    one_line_error(run_tcli("fill-mask", "--checkpoint", ckpt, "a [MASK]", "--input", str(long)), "not both")
+    # stdin, as translate and predict read it: no text and no --input, or --input -
+    short = tmp_path / "short.txt"
+    short.write_text("The [MASK] saw it.\n", encoding="utf-8")
+    by_file = run_tcli("fill-mask", "--checkpoint", ckpt, "--input", str(short))
+    for args in ((), ("--input", "-")):
+        by_stdin = run_tcli("fill-mask", "--checkpoint", ckpt, *args, input="The [MASK] saw it.\n")
+        assert by_stdin.returncode == 0 and by_stdin.stdout == by_file.stdout, by_stdin.stderr
     one_line_error(run_tcli("evaluate", "--checkpoint", ckpt, "--split", "test"), "train and valid")

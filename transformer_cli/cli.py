@@ -405,7 +405,9 @@ def count_params(
 def fill_mask(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a BERT checkpoint from tcli pretrain-bert")],
     text: Annotated[str | None, typer.Argument(help="a line with one or more [MASK]s")] = None,
-    input: Annotated[Path | None, typer.Option("--input", "-i", help="one line with [MASK]s per line")] = None,
+    input: Annotated[
+        Path | None, typer.Option("--input", "-i", help="a line with [MASK]s per line (- or none: stdin)")
+    ] = None,
     top_k: Annotated[int, typer.Option("--top-k", min=1, help="predictions per [MASK]")] = 5,
     json_: Annotated[bool, typer.Option("--json", help="one JSON object per input line")] = False,
     device: DeviceOpt = "auto",

@@ -9,6 +9,7 @@ at each masked position (what the Hugging Face fill-mask pipeline reports).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import sys
 from collections.abc import Callable
@@ -132,14 +133,20 @@ def run_fill_mask(
 ) -> list[list[MaskResult]]:
     """Read the lines (TEXT or --input), predict, print one block (or one JSON object) per line."""
     from transformer_cli.checkpoint import read_checkpoint
-    from transformer_cli.datasets.text import read_lines
+    from transformer_cli.datasets.text import decode_utf8, read_lines
     from transformer_cli.runtime import Runtime
 
-    if (text is None) == (input_path is None):
+    if text is not None and input_path is not None:
         raise UserError("give the text to fill (an argument) or --input FILE, not both")
-    lines = [text] if text is not None else read_lines(input_path)
+    if text is not None:
+        lines = [text]
+    elif input_path is not None and str(input_path) != "-":
+        lines = read_lines(input_path)
+    else:  # no text and no --input, or --input -: the lines of stdin, as translate and predict read them
+        stream = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else io.BytesIO(sys.stdin.read().encode())
+        lines = decode_utf8(stream.read(), "<stdin>")
     if not lines:
-        raise UserError(f"{input_path} is empty")
+        raise UserError(f"{input_path if input_path is not None and str(input_path) != '-' else '<stdin>'} is empty")
     ckpt = read_checkpoint(checkpoint, kind="bert")
     runtime = Runtime.create(device, "fp32")
     model = ckpt.build_model().to(runtime.device).eval()
