@@ -143,6 +143,10 @@ def test_predict_refuses_an_input_of_the_other_kind_of_model(runs, tmp_path):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
         assert not out.exists()
+        # evaluate, likewise: a table is not read as CoNLL (its header line was reported as an unknown tag)
+        args = ["evaluate", "--checkpoint", str(ckpt), "-i", str(given), "--device", "cpu"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and f"this {kind} model reads" in result.output, result.output
 
 
 def test_average_refuses_fine_tuned_checkpoints_of_different_tasks(runs, tmp_path):

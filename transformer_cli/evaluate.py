@@ -206,7 +206,15 @@ def _labelled_examples(
 ) -> dict[str, list[Any]]:
     """{split name: labelled examples}: a split of the run's data (GLUE's own splits for a GLUE task), or --input
     read with the training columns (a .conll file for a tagger); labels outside the trained set are refused."""
-    from transformer_cli.datasets.labeled import GLUE_TASKS, check_labels, glue_key, read_conll, read_glue, read_table
+    from transformer_cli.datasets.labeled import (
+        GLUE_TASKS,
+        TABLE_SUFFIXES,
+        check_labels,
+        glue_key,
+        read_conll,
+        read_glue,
+        read_table,
+    )
     from transformer_cli.errors import UserError
 
     cfg, meta = ckpt.cfg, ckpt.finetune
@@ -226,6 +234,10 @@ def _labelled_examples(
         path = input_path
     hint = f" (the checkpoint's data.dir is {d.dir}; see --data-dir)" if split else ""
     check_file(path, f"{'--split ' + split if split else '--input'} {path} {{what}}{hint}")
+    suffix = path.suffix.lower()
+    if split is None and (suffix in TABLE_SUFFIXES if meta.kind == "tagging" else suffix == ".conll"):
+        reads = "CoNLL files (a word and its tag per line)" if meta.kind == "tagging" else "tables (.tsv, .csv, .jsonl)"
+        raise UserError(f"--input {path}: this {meta.kind} model reads {reads}, and {path.name} is not one")
     if meta.kind == "tagging":
         examples: list[Any] = read_conll(path)
         unlabelled = next((ex for ex in examples if ex.tags is None), None)

@@ -18,6 +18,7 @@ from typing import Any
 from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.datasets.labeled import (
     GLUE_TASKS,
+    TABLE_SUFFIXES,
     TaggedSentence,
     TextExample,
     glue_key,
@@ -28,7 +29,7 @@ from transformer_cli.errors import UserError
 from transformer_cli.finetuned import FinetuneMeta, decide, encode_tagged, encode_texts, length_order, predict_logits
 from transformer_cli.streams import check_outputs, chunks, first_chunk, open_input, writer
 
-TABLES = (".tsv", ".csv", ".jsonl", ".json")
+TABLES = TABLE_SUFFIXES
 ROWS = 64  # examples per forward pass
 FIRST_CHUNK_LINES, MAX_CHUNK_LINES = 64, 4096  # plain lines: the first predictions come out at once
 

@@ -184,6 +184,9 @@ def read_glue(data_dir: Path, task: str, split: str) -> list[TextExample]:
     return examples
 
 
+TABLE_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json")  # files read as tables; CoNLL's are .conll or .txt
+
+
 def read_table(path: Path, text: str, pair: str | None, label: str | None, kind: str) -> list[TextExample]:
     """A user's labelled (or unlabelled) table, by its suffix: `.tsv`, `.csv`, `.jsonl` or `.json` (JSON lines).
 
