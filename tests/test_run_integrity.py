@@ -427,6 +427,19 @@ def test_translate_checks_output_paths_before_decoding(tmp_path, finished_run):
     assert Path(ckpt).read_bytes() == saved and source.read_text() == "a dog\n"
 
 
+def test_options_that_would_be_ignored_are_refused(tmp_path):
+    """An option that only shapes another option's output, given without it, is a mistake said in one line
+    (checked before the checkpoint is read), not a silent no-op."""
+    ckpt = str(tmp_path / "any.pt")
+    for args, message in (
+        (["translate", "--alignment-unit", "word"], "add --print-alignment"),
+        (["translate", "--alignment-layer", "1"], "add --print-alignment"),
+        (["translate", "--attention-max", "3"], "add --attention"),
+        (["evaluate", "--input", "x.en", "--reference", "x.de", "--data-dir", "data"], "--data-dir"),
+    ):
+        one_line_error(run_tcli(args[0], "--checkpoint", ckpt, *args[1:], input="a\n"), message)
+
+
 def test_yaml_traps_are_one_line_errors(tmp_path, data):
     dup = tmp_path / "dup.yaml"
     dup.write_text(CONFIG.format(data=data, steps=2, precision=TEST_PRECISION) + "train: {max_steps: 3}\n")

@@ -261,6 +261,10 @@ def translate(
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
     if alignment_unit not in ("piece", "word"):
         raise UserError(f"--alignment-unit {alignment_unit!r}: expected piece or word")
+    if not print_alignment and (alignment_layer is not None or alignment_unit != "piece"):
+        raise UserError("--alignment-layer and --alignment-unit shape --print-alignment's lines; add --print-alignment")
+    if attention is None and attention_max != 10:
+        raise UserError("--attention-max counts the lines --attention FOLDER draws; add --attention")
     opts = DecodeOptions(beam, lenpen, max_len_a, max_len_b, max_tokens, nbest)
     inspect = InspectOptions(attention, attention_max, print_alignment, alignment_layer, alignment_unit)
     run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json, inspect)
@@ -461,6 +465,8 @@ def evaluate(
 
     if precision not in (None, "auto", "fp32", "bf16", "fp16"):
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    if data_dir is not None and split is None:
+        raise UserError("--data-dir says where --split's files are; with --input it has nothing to do (leave it out)")
     run_evaluate(checkpoint, split, input, reference, data_dir, beam, lenpen, device, precision, json_)
 
 
