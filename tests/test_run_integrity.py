@@ -50,6 +50,13 @@ def snapshot(folder: Path) -> dict[str, str]:
     }
 
 
+def last_holder(run: Path) -> tuple[bytes, int]:
+    """The lock file as an earlier process left it (another PID than this test process's), and its time."""
+    lock = run / ".lock"
+    lock.write_bytes(b"99999\n")
+    return lock.read_bytes(), lock.stat().st_mtime_ns
+
+
 def train(cfg: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return run_tcli("train", "--config", str(cfg), "--out", str(out), "--quiet", *extra)
 
@@ -127,7 +134,7 @@ def test_refused_resume_changes_nothing(tmp_path, finished_run):
     cfg, run = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    before = snapshot(copy)
+    before, holder = snapshot(copy), last_holder(copy)
     one_line_error(train(cfg, copy, "--resume", "auto", "--set", "model.ffn_dim=48"), "model.ffn_dim")
     bert = tmp_path / "bert.yaml"
     bert.write_text("train: {max_steps: 1}\n")
@@ -137,6 +144,7 @@ def test_refused_resume_changes_nothing(tmp_path, finished_run):
     )
     one_line_error(run_tcli("pretrain-bert", "--config", str(bert), "--out", str(copy)), "holds a translation run")
     assert snapshot(copy) == before
+    assert ((copy / ".lock").read_bytes(), (copy / ".lock").stat().st_mtime_ns) == holder  # the lock file too
 
 
 @pytest.mark.parametrize(
@@ -194,10 +202,11 @@ def test_resume_allows_safe_keys_and_continues(tmp_path, finished_run):
 
 def test_resuming_a_finished_run_changes_nothing(tmp_path, finished_run):
     cfg, run = finished_run
-    before = snapshot(run)
+    before, holder = snapshot(run), last_holder(run)
     again = run_tcli("train", "--config", str(cfg), "--out", str(run), "--resume", "auto")
     assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr
     assert snapshot(run) == before
+    assert ((run / ".lock").read_bytes(), (run / ".lock").stat().st_mtime_ns) == holder  # the lock file too
 
 
 def test_max_epochs_run_does_not_train_an_extra_epoch(tmp_path, data):

@@ -95,7 +95,7 @@ class RunDirectory:
                 self.path.rmdir()
             except OSError:
                 pass
-        os.close(self._lock_fd)  # the lock file stays; its lock goes with the descriptor
+        unlock_directory(self._lock_fd, wrote=self.started)
         self._lock_fd = None
 
     def _guard(self) -> None:
@@ -191,9 +191,35 @@ def lock_directory(folder: Path, name: str, holder: str, advice: str) -> int:
         pid = _read_pid(fd)
         os.close(fd)
         raise UserError(f"{folder} is in use by another tcli {holder} (PID {pid}); {advice}")
+    _BEFORE[fd] = (_read_all(fd), os.fstat(fd))
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+_BEFORE: dict[int, tuple[bytes, os.stat_result]] = {}  # a held lock file as it was (the last holder's PID)
+
+
+def unlock_directory(fd: int, wrote: bool) -> None:
+    """Give the lock of `lock_directory` back. A command that wrote nothing in the folder (refused, or nothing
+    to do) puts the lock file back as it found it: it leaves the folder byte for byte as it was."""
+    before = _BEFORE.pop(fd, None)
+    if not wrote and before is not None:
+        data, stat = before
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+            os.utime(fd, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # its times too
+        except (OSError, NotImplementedError):  # a system without utime on a descriptor keeps the new times
+            pass
+    os.close(fd)  # the lock file stays; its lock goes with the descriptor
+
+
+def _read_all(fd: int) -> bytes:
+    try:
+        return os.pread(fd, 4096, 0)
+    except OSError:
+        return b""
 
 
 def _try_lock(fd: int) -> bool:
@@ -642,6 +668,7 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
         )
     setup.read_data()
     fd = lock_directory(out, "the folder", "command", "wait for it to end")
+    wrote = False
     try:
         other = _manifest_kind(out)
         if other not in (None, setup.kind) and not force:
@@ -668,9 +695,10 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
             raise UserError(
                 f"{out} holds preprocessed data with other {key}; use --force to replace it, or another --out"
             )
+        wrote = True
         remove_stale_temporaries(out)
         _clear_preprocessing(out, setup.vocab_files(), keep_vocab=other in (None, setup.kind))
         vocabs = prepare_vocab(out, setup, None, quiet)
         return write_preprocessed(out, setup, vocabs, _expected_manifest(setup, vocabs), quiet)
     finally:
-        os.close(fd)
+        unlock_directory(fd, wrote)
