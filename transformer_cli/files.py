@@ -146,6 +146,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def is_temporary(entry: str, name: str | None = None) -> bool:
+    """Whether the folder entry `entry` is a writer's temporary `.NAME.tmpPID` (of `name`, when given)."""
+    return _TEMPORARY.match(entry) is not None and (name is None or entry.startswith(f".{name}.tmp"))
+
+
 def remove_stale_temporaries(folder: Path, name: str | None = None, live_writers: bool = False) -> list[Path]:
     """Delete the `.NAME.tmpPID` files and folders that a killed writer left in `folder` (only those of
     `name` when given). Without a lock on the folder (`live_writers`), a temporary whose process still runs
@@ -158,10 +163,9 @@ def remove_stale_temporaries(folder: Path, name: str | None = None, live_writers
     except OSError:
         return removed
     for entry in entries:
-        m = _TEMPORARY.match(entry.name)
-        if m is None or (name is not None and not entry.name.startswith(f".{name}.tmp")):
+        if not is_temporary(entry.name, name):
             continue
-        if live_writers and _alive(int(m.group(1))):
+        if live_writers and _alive(int(_TEMPORARY.match(entry.name).group(1))):
             continue
         _remove_tree(entry)
         removed.append(entry)

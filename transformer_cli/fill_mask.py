@@ -9,7 +9,6 @@ at each masked position (what the Hugging Face fill-mask pipeline reports).
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import sys
 from collections.abc import Callable
@@ -133,20 +132,21 @@ def run_fill_mask(
 ) -> list[list[MaskResult]]:
     """Read the lines (TEXT or --input), predict, print one block (or one JSON object) per line."""
     from transformer_cli.checkpoint import read_checkpoint
-    from transformer_cli.datasets.text import decode_utf8, read_lines
+    from transformer_cli.datasets.text import read_lines
     from transformer_cli.runtime import Runtime
+    from transformer_cli.streams import open_input
 
     if text is not None and input_path is not None:
         raise UserError("give the text to fill (an argument) or --input FILE, not both")
     if text is not None:
-        lines = [text]
+        lines, name = [text], "the text"
     elif input_path is not None and str(input_path) != "-":
-        lines = read_lines(input_path)
-    else:  # no text and no --input, or --input -: the lines of stdin, as translate and predict read them
-        stream = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else io.BytesIO(sys.stdin.read().encode())
-        lines = decode_utf8(stream.read(), "<stdin>")
+        lines, name = read_lines(input_path), str(input_path)
+    else:  # no --input, or --input -: stdin, as translate and predict read it
+        with open_input(None, sys.stdin) as reader:
+            lines, name = list(reader), reader.name
     if not lines:
-        raise UserError(f"{input_path if input_path is not None and str(input_path) != '-' else '<stdin>'} is empty")
+        raise UserError(f"{name} is empty")
     ckpt = read_checkpoint(checkpoint, kind="bert")
     runtime = Runtime.create(device, "fp32")
     model = ckpt.build_model().to(runtime.device).eval()

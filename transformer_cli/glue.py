@@ -21,7 +21,7 @@ from transformer_cli.config import FinetuneRunConfig, load_config
 from transformer_cli.console import say
 from transformer_cli.datasets.labeled import GLUE_TASKS, glue_tasks_in
 from transformer_cli.errors import UserError
-from transformer_cli.files import write_atomic
+from transformer_cli.files import is_temporary, write_atomic
 
 # What every GLUE run starts from (the FinetuneTrainConfig defaults: batch 32, lr 2e-5, warmup 10% then linear
 # decay, weight decay 0.01, max length 128), and the epochs per task: one pass over the large tasks (SST-2's 67k
@@ -118,7 +118,8 @@ def check_out(out: Path) -> None:
         if not (
             (e.is_dir() and _RUN_FOLDER.fullmatch(e.name))
             or (ours and e.name in ("glue.json", "glue.md") and e.is_file())
-            or _SUMMARY_TEMPORARY.fullmatch(e.name)
+            or is_temporary(e.name, "glue.json")
+            or is_temporary(e.name, "glue.md")
         )
     ]
     if foreign:
@@ -130,7 +131,6 @@ def check_out(out: Path) -> None:
 
 
 _RUN_FOLDER = re.compile(rf"(?:{'|'.join(GLUE_TASKS)})-seed\d+")
-_SUMMARY_TEMPORARY = re.compile(r"\.glue\.(?:json|md)\.tmp\d+")  # a killed run's write_atomic temporary
 
 
 def _is_summary(path: Path) -> bool:

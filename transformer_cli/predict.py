@@ -29,7 +29,6 @@ from transformer_cli.errors import UserError
 from transformer_cli.finetuned import FinetuneMeta, decide, encode_tagged, encode_texts, length_order, predict_logits
 from transformer_cli.streams import check_outputs, chunks, first_chunk, open_input, writer
 
-TABLES = TABLE_SUFFIXES
 ROWS = 64  # examples per forward pass
 FIRST_CHUNK_LINES, MAX_CHUNK_LINES = 64, 4096  # plain lines: the first predictions come out at once
 
@@ -116,13 +115,13 @@ def run_predict(
                 f"--input {input_path}: a .conll file is for a tagger, and this is a {predictor.meta.kind} model; "
                 "give a table with its columns (.tsv, .csv, .jsonl) or one text per line"
             )
-        if suffix in TABLES and tagging:
+        if suffix in TABLE_SUFFIXES and tagging:
             raise UserError(
                 f"--input {input_path}: this model tags words; give a .conll file or one sentence per line, "
                 f"not a {suffix} table"
             )
         write = writer(output, stack)
-        if suffix in TABLES:
+        if suffix in TABLE_SUFFIXES:
             text, pair = predictor.columns()
             kind = "regression" if predictor.meta.kind == "regression" else "classification"
             return _write_all(predictor, [read_table(input_path, text, pair, None, kind)], write)

@@ -100,8 +100,9 @@ def _check_same_task(a: Checkpoint, b: Checkpoint, where: str) -> None:
             f"cannot average {where}: their label sets differ ({', '.join(ours.labels[:4])} against "
             f"{', '.join(theirs.labels[:4])}); average checkpoints of one fine-tuning run"
         )
+    our_state, their_state = ours.state(), theirs.state()
     for key in ("encoder", "vocab_size", "tokenizer"):
-        if ours.state()[key] != theirs.state()[key]:
+        if our_state[key] != their_state[key]:
             raise UserError(f"cannot average {where}: their {key} differs; average checkpoints of one fine-tuning run")
 
 
