@@ -188,3 +188,108 @@ def test_cuda_devices_that_do_not_exist_are_user_errors(monkeypatch):
         runtime.Runtime.create("cuda")
     with pytest.raises(UserError, match="local rank 1"):
         runtime.Runtime.create("auto")
+
+
+def _number_keys(schema) -> list[tuple[str, str]]:
+    """(section, key) of every field of `schema`'s sections that takes a number."""
+    from transformer_cli.config import _takes_a_number
+
+    return [
+        (section, key)
+        for section, field in schema.model_fields.items()
+        for key, inner in field.annotation.model_fields.items()
+        if _takes_a_number(inner.annotation)
+    ]
+
+
+@pytest.mark.parametrize("kind", ["translation", "bert", "finetune"])
+def test_true_or_false_for_a_number_is_refused_for_every_numeric_key(kind):
+    """Pydantic's lax mode reads true as 1 (train.max_steps=true trained one step); every numeric key of every
+    config refuses it, in a tuple too, while the bool keys still take it."""
+    from transformer_cli.config import SCHEMAS
+
+    schema = SCHEMAS[kind]
+    keys = _number_keys(schema)
+    assert ("train", "lr") in keys and ("train", "max_steps") in keys and ("train", "adam_betas") in keys
+    for section, key in keys:
+        for value in ("true", "false", "[true, 0.9]") if key == "adam_betas" else ("true", "false"):
+            with pytest.raises(UserError, match=rf"{section}\.{key}: write a number, not true or false") as err:
+                ends = [] if (section, key) == ("train", "max_steps") else ["train.max_steps=3"]
+                load_config(schema, None, [*ends, f"{section}.{key}={value}"])
+            assert "\n" not in str(err.value)
+    assert load_config(schema, None, ["train.max_steps=3", "train.compile=true"]).train.compile is True
+
+
+def test_a_key_given_twice_with_set_is_refused():
+    with pytest.raises(UserError, match=r"--set train\.lr is given twice \('train\.lr=1' and 'train\.lr=2'\)"):
+        parse_overrides(["train.lr=1", "train.max_steps=3", "train.lr=2"])
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["data.train=val"], r"data\.train and data\.valid are both 'val'"),
+        (["data.train=test"], r"data\.train and data\.test are both 'test'"),
+        (["data.test="], r"data\.test: String should have at least 1 character"),
+    ],
+)
+def test_translation_splits_must_differ_and_have_names(overrides, expected):
+    """The preprocessed files are named by split, so training on the validation split failed at the first
+    evaluation on a file tcli itself had not written."""
+    with pytest.raises(UserError, match=expected):
+        load_config(TranslationRunConfig, None, ["train.max_steps=3", *overrides])
+    assert load_config(TranslationRunConfig, None, ["train.max_steps=3", "data.test=null"]).data.test is None
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        # init none: a size given alone must fit BERT-base's other (768 wide, 12 heads)
+        (["model.d_model=30"], r"model\.d_model \(30\) must be divisible by model\.heads \(12, the default\)"),
+        (["model.heads=5"], r"model\.d_model \(768, the default\) must be divisible by model\.heads \(5\)"),
+        # a starting checkpoint brings its tokenizer
+        (["model.init=bert.pt", "vocab.size=16"], r"vocab\.size is set but model\.init brings its own tokenizer"),
+        (["model.init=bert.pt", "vocab.type=bpe"], r"vocab\.type is set but model\.init"),
+        (["vocab.joint=false"], r"vocab\.joint is for translation"),
+        # a GLUE task gives its files and columns
+        (["task.glue=WNLI", "data.text=nope"], r"data\.text is set but task\.glue \(WNLI\) gives"),
+        (["task.glue=WNLI", "data.train=x.tsv"], r"data\.train is set but task\.glue"),
+        (["task.glue=WNLI", "data.format=csv"], r"data\.format is set but task\.glue"),
+        # tagging reads CoNLL: no columns
+        (["task.kind=tagging", "data.pair=foo"], r"data\.pair names a table column, but tagging reads CoNLL"),
+        (["task.kind=tagging", "data.label=tag"], r"data\.label names a table column"),
+    ],
+)
+def test_finetune_keys_that_would_be_ignored_or_crash_are_config_errors(overrides, expected):
+    from transformer_cli.config import FinetuneRunConfig
+
+    with pytest.raises(UserError, match=expected) as err:
+        load_config(FinetuneRunConfig, None, overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_finetune_configs_that_fit_still_load():
+    """What the checks above must not refuse: both sizes given, dumped configs (every key, defaults included) of
+    each kind, a GLUE task with data.dir and max_seq_len."""
+    from transformer_cli.config import FinetuneRunConfig
+
+    assert load_config(FinetuneRunConfig, None, ["model.d_model=30", "model.heads=5"]).model.heads == 5
+    assert load_config(FinetuneRunConfig, None, ["vocab.size=16"]).vocab.size == 16  # init none trains one
+    cfg = load_config(FinetuneRunConfig, None, ["task.glue=WNLI", "data.dir=glue", "data.max_seq_len=64"])
+    assert cfg.data.max_seq_len == 64
+    for extra in (["model.init=bert.pt"], ["task.kind=tagging"], ["task.glue=RTE", "model.init=bert.pt"]):
+        cfg = load_config(FinetuneRunConfig, None, extra)
+        assert FinetuneRunConfig.model_validate(yaml.safe_load(dump_config(cfg))) == cfg
+
+
+def test_finetune_warmup_steps_replace_the_ratio():
+    """As in Hugging Face's Trainer: warmup_steps above 0 is used as given; otherwise warmup_ratio of all updates.
+    (warmup_steps alone was ignored while warmup_ratio kept its default of 0.1.)"""
+    from transformer_cli.config import FinetuneTrainConfig
+    from transformer_cli.tasks.finetune_setup import resolved_train
+
+    assert resolved_train(FinetuneTrainConfig(max_steps=1000, max_epochs=None), 50).warmup_steps == 100
+    assert resolved_train(FinetuneTrainConfig(max_steps=1000, max_epochs=None, warmup_steps=7), 50).warmup_steps == 7
+    assert resolved_train(FinetuneTrainConfig(max_epochs=2, warmup_ratio=0.25), 50).warmup_steps == 25
+    assert resolved_train(FinetuneTrainConfig(max_steps=1000, max_epochs=None, warmup_ratio=0.0), 50).warmup_steps == 0
+    assert resolved_train(FinetuneTrainConfig(max_minutes=5, max_epochs=None, warmup_steps=3), 50).warmup_steps == 3

@@ -74,8 +74,11 @@ def _glue(*args: str):
     return CliRunner().invoke(app, ["glue", *args, "--device", "cpu", "--quiet"])
 
 
-def _sets() -> list[str]:
-    return [x for s in TINY for x in ("--set", s)]
+def _sets(**replace: str) -> list[str]:
+    """TINY as --set options, with `replace`'s keys (dots written as __) given other values."""
+    pairs = dict(s.split("=", 1) for s in TINY)
+    pairs.update({key.replace("__", "."): value for key, value in replace.items()})
+    return [x for key, value in pairs.items() for x in ("--set", f"{key}={value}")]
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +166,16 @@ def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, glue_dir):
         (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "task.glue=RTE"], "--tasks"),
         (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "data.dir=x"], "--data-dir"),
         (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "model.init=none"], "--checkpoint"),
+        (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "data.text=x"], "own files and columns"),
+        # a whole section would replace the keys glue sets (it trained CoLA in the WNLI folder, or ignored
+        # --checkpoint)
+        (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "task={glue: CoLA}"], "set single keys"),
+        (["--checkpoint", "none", "--data-dir", str(glue_dir), "--set", "model={init: none}"], "model.init"),
+        # the seeds past the first must not overflow train.seed's bound
+        (
+            ["--checkpoint", "none", "--data-dir", str(glue_dir), "--seeds", "2", "--set", "train.seed=4294967295"],
+            "--seeds 2 from train.seed 4294967295 would go past 4294967295",
+        ),
     ):
         result = _glue(*args, "--out", str(out))
         assert result.exit_code == 2 and message in result.output, result.output
@@ -175,9 +188,7 @@ def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, glue_dir):
         str(glue_dir),
         "--out",
         str(out),
-        *_sets(),
-        "--set",
-        "model.max_positions=16",
+        *_sets(model__max_positions="16"),
     )
     assert result.exit_code == 2 and "max_seq_len" in result.output and not out.exists()
 
@@ -223,3 +234,18 @@ def test_readme_recipe_table_is_the_code():
     folders = [c.strip() for c in header.split("|")[2:-1]]
     assert folders == [t.folder for t in GLUE_TASKS.values()]
     assert [int(c) for c in epochs.split("|")[2:-1]] == list(EPOCHS.values())
+
+
+def test_the_users_set_replaces_the_recipes_keys_and_seeds_count_from_train_seed(tmp_path, glue_dir):
+    """Each run's config: the recipe, the user's --set on top (a key of both given once, the user's value), and
+    --seeds N numbered from the user's train.seed."""
+    from transformer_cli.glue import plan
+
+    sets = [s for s in TINY if not s.startswith("train.lr=")] + [
+        "train.seed=7",
+        "train.lr=3e-5",
+        "train.warmup_steps=4",
+    ]
+    runs = plan("none", glue_dir, ["rte"], 2, tmp_path / "out", sets)
+    assert [(r.task, r.seed, r.cfg.train.seed) for r in runs] == [("rte", 7, 7), ("rte", 8, 8)]
+    assert {(r.cfg.train.lr, r.cfg.train.warmup_steps, r.cfg.data.max_seq_len) for r in runs} == {(3e-5, 4, 24)}

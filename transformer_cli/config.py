@@ -8,12 +8,14 @@ the key path and the file. Each component receives only its own section (`cfg.mo
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from transformer_cli import task_metrics
 from transformer_cli.errors import UserError, quote
@@ -118,8 +120,31 @@ class Section(BaseModel):
     # model); numbers given for a text key (a split named 2016) are read as text.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, coerce_numbers_to_str=True)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """true/false where a number goes (`train.max_steps: true`) is a mistake, not 1 or 0 (as pydantic's lax
+        mode would read it); the bool keys themselves take only true/false (StrictBool)."""
+        items = value if isinstance(value, (list, tuple)) else (value,)
+        if any(isinstance(item, bool) for item in items) and _takes_a_number(
+            cls.model_fields[info.field_name].annotation
+        ):
+            raise PydanticCustomError("bool_for_number", "write a number, not true or false")
+        return value
+
     def check(self) -> None:
         """Cross-field checks; raise ValueError naming the keys involved."""
+
+
+def _takes_a_number(annotation: Any) -> bool:
+    """Whether a field's type is, or holds, int or float and not bool (`int | None`, `tuple[float, float]`)."""
+    types: list[Any] = []
+    pending = [annotation]
+    while pending:
+        t = pending.pop()
+        types.append(t)
+        pending.extend(typing.get_args(t))
+    return bool({int, float} & set(types)) and bool not in types
 
 
 # ----------------------------------------------------------------------------- shared sections
@@ -129,6 +154,7 @@ class Section(BaseModel):
 MAX_POSITIONS = 1 << 20
 MAX_BATCH_TOKENS = 1 << 26
 MAX_BEAM = 256
+MAX_SEED = 2**32 - 1  # the largest train.seed
 
 
 class VocabConfig(Section):
@@ -167,7 +193,7 @@ class TrainConfig(Section):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 autocast where the hardware has bf16 matmul, else fp16/fp32"
     )
-    seed: int = Field(1, ge=0, le=2**32 - 1, description="seeds data order, initialisation and dropout")
+    seed: int = Field(1, ge=0, le=MAX_SEED, description="seeds data order, initialisation and dropout")
     eval_every: int = Field(1000, ge=1, description="evaluate every this many updates")
     save_every: int | None = Field(None, ge=1, description="write last.pt every this many updates (default eval_every)")
     log_every: int = Field(50, ge=1, description="log training metrics every this many updates")
@@ -201,7 +227,9 @@ class TranslationDataConfig(Section):
     tgt_lang: str = Field("tgt", min_length=1, description="target file suffix, e.g. de")
     train: str = Field("train", min_length=1, description="training split name")
     valid: str = Field("val", min_length=1, description="validation split name")
-    test: str | None = Field("test", description="test split name, scored at the end of training (null: none)")
+    test: str | None = Field(
+        "test", min_length=1, description="test split name, scored at the end of training (null: none)"
+    )
     max_len: int = Field(
         128, ge=1, le=MAX_POSITIONS, description="training pairs with a side longer than this (in pieces) are dropped"
     )
@@ -254,7 +282,13 @@ class TranslationRunConfig(Section):
     eval: EvalConfig = EvalConfig()
 
     def check(self) -> None:
-        m = self.model
+        m, d = self.model, self.data
+        for key in ("valid", "test"):
+            if getattr(d, key) == d.train:
+                raise ValueError(
+                    f"data.train and data.{key} are both {d.train!r}: a run validates and tests on text it does "
+                    f"not train on; name another split (or data.test: null for none)"
+                )
         if m.d_model % m.heads:
             raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
         if m.d_model % 2:
@@ -295,10 +329,14 @@ def _check_train(t: TrainConfig) -> None:
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """`["train.lr=1e-3", "model.norm=pre"]` -> nested dict; values are YAML scalars."""
     nested: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
             raise UserError(f"--set {pair!r}: expected key.sub=value, e.g. --set train.lr=0.001")
+        if key in given:
+            raise UserError(f"--set {key} is given twice ({given[key]!r} and {pair!r}); give it once")
+        given[key] = pair
         try:
             value = yaml_load(raw) if raw else ""
         except yaml.YAMLError:
@@ -517,6 +555,8 @@ class BertRunConfig(Section):
 
     def check(self) -> None:
         m, d = self.model, self.data
+        if not self.vocab.joint:
+            raise ValueError("vocab.joint is for translation (one vocabulary for both languages); remove it here")
         if m.d_model % m.heads:
             raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
         if d.max_seq_len > m.max_positions:
@@ -596,8 +636,12 @@ class FinetuneTrainConfig(TrainConfig):
     batch_size: int = Field(32, ge=1, le=1_048_576, description="examples per micro-batch")
     max_epochs: int | None = Field(3, ge=1, le=10**9, description="stop after this many passes over the data")
     lr: float = Field(2e-5, gt=0.0, le=10.0, description="peak learning rate")
-    warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 to lr (used when warmup_ratio is 0)")
-    warmup_ratio: float = Field(0.1, ge=0.0, lt=1.0, description="warmup as a share of all updates")
+    warmup_steps: int = Field(
+        0, ge=0, description="linear warmup from 0 to lr over this many updates (above 0, it replaces warmup_ratio)"
+    )
+    warmup_ratio: float = Field(
+        0.1, ge=0.0, lt=1.0, description="warmup as a share of all updates (when warmup_steps is 0)"
+    )
     schedule: Literal["inverse_sqrt", "linear", "constant"] = Field("linear", description="decay after warmup")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     adam_eps: float = Field(1e-6, gt=0.0, description="AdamW epsilon")
@@ -629,10 +673,45 @@ class FinetuneRunConfig(Section):
         sizes = [k for k in INIT_NONE_ARCHITECTURE if getattr(m, k) is not None]
         if sizes and m.init.lower() != "none":
             raise ValueError(f"model.{sizes[0]} is set but model.init gives the sizes; set it only with init: none")
-        if m.d_model is not None and m.heads is not None and m.d_model % m.heads:
-            raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
+        if m.init.lower() == "none":
+            # Sizes left out are BERT-base's (BertModelConfig's defaults), so one given alone must fit those.
+            base = BertModelConfig()
+            d_model, heads = m.d_model or base.d_model, m.heads or base.heads
+            if d_model % heads:
+                raise ValueError(
+                    f"model.d_model ({d_model}{'' if m.d_model else ', the default'}) must be divisible by "
+                    f"model.heads ({heads}{'' if m.heads else ', the default'}); set both"
+                )
+        elif self.vocab != VocabConfig():
+            key = _first_changed(self.vocab, VocabConfig())
+            raise ValueError(
+                f"vocab.{key} is set but model.init brings its own tokenizer; set vocab keys only with init: none"
+            )
+        if not self.vocab.joint:
+            raise ValueError("vocab.joint is for translation (one vocabulary for both languages); remove it here")
+        d, defaults = self.data, FinetuneDataConfig()
+        if self.task.glue is not None:
+            fixed = ("format", "train", "valid", "text", "pair", "label")
+            key = next((k for k in fixed if getattr(d, k) != getattr(defaults, k)), None)
+            if key is not None:
+                raise ValueError(
+                    f"data.{key} is set but task.glue ({self.task.glue}) gives the task's files and columns; "
+                    "remove it (data.dir names the GLUE folder)"
+                )
+        elif self.task.kind == "tagging":
+            key = next((k for k in ("text", "pair", "label") if getattr(d, k) != getattr(defaults, k)), None)
+            if key is not None:
+                raise ValueError(
+                    f"data.{key} names a table column, but tagging reads CoNLL files (a word and its tag per "
+                    "line); remove it"
+                )
         _check_metrics(self.task)
         _check_train(self.train)
+
+
+def _first_changed(section: Section, defaults: Section) -> str:
+    """The first key of `section` whose value differs from `defaults`'."""
+    return next(k for k in type(section).model_fields if getattr(section, k) != getattr(defaults, k))
 
 
 def _check_metrics(task: FinetuneTaskConfig) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_cli import task_metrics
-from transformer_cli.config import FinetuneRunConfig, load_config
+from transformer_cli.config import MAX_SEED, FinetuneRunConfig, load_config
 from transformer_cli.console import say
 from transformer_cli.datasets.labeled import GLUE_TASKS, glue_tasks_in
 from transformer_cli.errors import UserError
@@ -39,8 +39,16 @@ OWN_KEYS = {
     "task.kind": "each GLUE task has its kind",
     "task.metrics": "the table reports GLUE's metrics of each task (tcli finetune takes task.metrics)",
     "data.dir": "give the folder with --data-dir",
+    **{
+        f"data.{key}": "each GLUE task has its own files and columns"
+        for key in ("format", "train", "valid", "text", "pair", "label")
+    },
     "model.init": "give the starting model with --checkpoint",
 }
+
+
+def _key(override: str) -> str:
+    return override.partition("=")[0].strip()
 
 
 def recipe(task: str) -> list[str]:
@@ -87,17 +95,31 @@ def plan(
             f"--checkpoint {checkpoint} not found (a tcli BERT checkpoint, a Hugging Face BERT folder, or none)"
         )
     for override in overrides:
-        key = override.partition("=")[0].strip()
+        key = _key(override)
         if key in OWN_KEYS:
             raise UserError(f"--set {override}: tcli glue sets {key} for each task; {OWN_KEYS[key]}")
+        owned = [own for own in OWN_KEYS if own.startswith(key + ".")]
+        if owned:  # a whole section (--set 'task={kind: regression}') would replace those keys too
+            raise UserError(
+                f"--set {override}: tcli glue sets {', '.join(owned)} for each task; set single keys of {key} "
+                f"instead (--set {key}.KEY=VALUE)"
+            )
     shown = f" with --set {' '.join(overrides)}" if overrides else ""
     runs = []
+    mine = {_key(override) for override in overrides}
     for task in tasks:
-        sets = [*recipe(task), f"data.dir={data_dir}", f"model.init={checkpoint}", *overrides]
+        recipe_sets = [s for s in recipe(task) if _key(s) not in mine]  # the user's --set replaces the recipe's
+        sets = [*recipe_sets, f"data.dir={data_dir}", f"model.init={checkpoint}", *overrides]
         source = f"tcli glue's {GLUE_TASKS[task].folder} recipe{shown}"
         first = load_config(FinetuneRunConfig, None, sets, source).train.seed
+        if first + seeds - 1 > MAX_SEED:
+            raise UserError(
+                f"--seeds {seeds} from train.seed {first} would go past {MAX_SEED}, the largest seed; "
+                f"set train.seed to at most {MAX_SEED - seeds + 1}"
+            )
+        unseeded = [s for s in sets if _key(s) != "train.seed"]
         for i in range(seeds):
-            cfg = load_config(FinetuneRunConfig, None, [*sets, f"train.seed={first + i}"], source)
+            cfg = load_config(FinetuneRunConfig, None, [*unseeded, f"train.seed={first + i}"], source)
             runs.append(GlueRun(task, first + i, cfg, out / f"{task}-seed{first + i}"))
     return runs
 

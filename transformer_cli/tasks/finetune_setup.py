@@ -319,7 +319,7 @@ class FinetuneSetup(SetupBase):
                 f"data.max_seq_len ({meta.max_seq_len}) exceeds the model's {meta.encoder.max_positions} positions; "
                 f"set data.max_seq_len={meta.encoder.max_positions}"
             )
-        if t.warmup_ratio and not (t.max_steps or t.max_epochs):
+        if t.warmup_ratio and not t.warmup_steps and not (t.max_steps or t.max_epochs):
             raise UserError("train.warmup_ratio needs train.max_steps or train.max_epochs (or set train.warmup_steps)")
 
     def data_fingerprint(self) -> str:
@@ -399,8 +399,9 @@ class FinetuneSetup(SetupBase):
 
 
 def resolved_train(train: FinetuneTrainConfig, batches_per_epoch: int) -> FinetuneTrainConfig:
-    """train.warmup_ratio as a number of warmup steps (of all the run's updates)."""
-    if not train.warmup_ratio:
+    """train.warmup_ratio as a number of warmup steps (of all the run's updates), unless train.warmup_steps gives
+    them (as in Hugging Face's Trainer, warmup_steps above 0 wins)."""
+    if not train.warmup_ratio or train.warmup_steps:
         return train
     limits = [train.max_steps] if train.max_steps else []
     if train.max_epochs:
