@@ -217,7 +217,7 @@ def test_bert_checkpoint(tmp_path, capsys):
 
 @pytest.mark.parametrize("kind", ["bert", "translation"])
 def test_checkpoint_is_checked_like_every_command_that_loads_one(tmp_path, kind):
-    """NaN weights, a missing, extra or mis-shaped tensor: one line naming the file, as translate's and
+    """NaN weights, a missing, extra, mis-shaped or integer tensor: one line naming the file, as translate's and
     export-hf's (checkpoint.Checkpoint.check), not a count of a broken file."""
     if kind == "bert":
         raw = {"train": {"max_steps": 1}, "model": {"d_model": 16, "layers": 1, "heads": 2, "ffn_dim": 32}}
@@ -236,6 +236,7 @@ def test_checkpoint_is_checked_like_every_command_that_loads_one(tmp_path, kind)
         ({k: t for k, t in weights.items() if k != name}, f"lack {name}"),
         ({**weights, "surprise.weight": torch.zeros(2)}, "unexpected tensor 'surprise.weight'"),
         ({**weights, name: weights[name][:, :-1]}, "has shape"),
+        ({**weights, name: weights[name].long()}, f"{name} is int64, not floating-point"),  # would load as zeros
     ):
         path = tmp_path / f"{kind}.pt"
         torch.save({"tcli": {"kind": kind}, "config": cfg.model_dump(mode="json"), "model": broken}, path)

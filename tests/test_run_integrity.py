@@ -147,6 +147,52 @@ def test_refused_resume_changes_nothing(tmp_path, finished_run):
     assert ((copy / ".lock").read_bytes(), (copy / ".lock").stat().st_mtime_ns) == holder  # the lock file too
 
 
+def _damage(state: dict, how: str) -> None:
+    weights = state["model"]
+    name = next(k for k in weights if k.endswith("qkv_proj.weight"))
+    if how == "missing":
+        del weights[name]
+    elif how == "shape":
+        weights[name] = weights[name][:-1]
+    elif how == "int":
+        weights[name] = weights[name].long()  # loaded as its truncated values: zeros
+    elif how == "nan":
+        weights[name][0, 0] = float("nan")
+    elif how == "moments":
+        first = next(iter(state["optimizer"]["state"].values()))
+        first["exp_avg"] = torch.zeros(3)
+    elif how == "no_moment":
+        next(iter(state["optimizer"]["state"].values())).pop("exp_avg_sq")
+
+
+@pytest.mark.parametrize(
+    "how, fragment",
+    [
+        ("missing", "the weights lack"),
+        ("shape", "has shape"),
+        ("int", "is int64, not floating-point"),
+        ("nan", "NaN or infinite"),
+        ("moments", "optimizer's exp_avg of parameter"),
+        ("no_moment", "lacks exp_avg_sq"),
+    ],
+)
+def test_a_damaged_last_pt_is_refused_on_resume(tmp_path, finished_run, how, fragment):
+    """A last.pt whose weights or optimizer state are damaged: one line, not a traceback from load_state_dict (or
+    from the first update), and not training on zeroed or NaN weights; a model-level refusal leaves the folder as
+    it was (an optimizer-level one is found once the trainer is built, after run.json says running)."""
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    last = copy / "checkpoints" / "last.pt"
+    state = torch.load(last, weights_only=True)
+    _damage(state, how)
+    torch.save(state, last)
+    before = snapshot(copy)
+    one_line_error(train(cfg, copy, "--resume", "auto", "--set", "train.max_steps=6"), fragment)
+    if how not in ("moments", "no_moment"):
+        assert snapshot(copy) == before
+
+
 @pytest.mark.parametrize(
     "key, value",
     [

@@ -194,3 +194,75 @@ def test_sigkill_during_preprocess_prints_no_worker_traceback(tmp_path):
     time.sleep(2)  # the workers notice the broken pipe
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
     shutil.rmtree(tmp_path / "p", ignore_errors=True)
+
+
+def test_an_atomic_write_never_replaces_a_fifo_device_or_folder(tmp_path):
+    """The rename would put a regular file where a FIFO or a device (/dev/null, /dev/full) was: `tcli plot --out
+    /dev/full` run as root replaced the device. Refused in one line; a link is replaced as before (the file it
+    names keeps its bytes)."""
+    from transformer_cli.errors import UserError
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for path, what in ((fifo, "a device, FIFO or socket"), (folder, "a folder")):
+        with pytest.raises(UserError, match=f"is {what}, not a file"):
+            write_atomic(b"x", path)
+    assert fifo.is_fifo() and folder.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "folder"]  # no temporary left
+    target, link = tmp_path / "target", tmp_path / "link"
+    target.write_bytes(b"kept")
+    link.symlink_to(target)
+    write_atomic(b"new", link)
+    assert target.read_bytes() == b"kept" and not link.is_symlink() and link.read_bytes() == b"new"
+
+
+def test_average_refuses_an_output_that_is_a_link_to_an_input(files, tmp_path):
+    """A hard or symbolic link to one of the averaged checkpoints is that checkpoint (os.path.samefile)."""
+    for make in (os.link, os.symlink):
+        out = tmp_path / f"out_{make.__name__}.pt"
+        make(files["tr1"], out)
+        code, err = tcli("average", "--checkpoints", files["tr1"], files["tr2"], "--out", out, "--force")
+        assert code == 2 and "is one of the checkpoints being averaged" in err, err
+
+
+def test_symbolic_link_loops_are_one_line_errors(files, tmp_path):
+    """A loop of links as a checkpoint, an --output, --stats-json or an averaged checkpoint: one line (it was a
+    RuntimeError traceback from Path.resolve)."""
+    loop, other = tmp_path / "L1", tmp_path / "L2"
+    loop.symlink_to(other)
+    other.symlink_to(loop)
+    source = tmp_path / "in.txt"
+    source.write_text("a b c\n")
+    cases = [
+        (["translate", "--checkpoint", loop, "--input", source], "is a symbolic link to nothing"),
+        (["translate", "--checkpoint", files["tr1"], "--input", source, "--output", loop], "loop of symbolic links"),
+        (["translate", "--checkpoint", files["tr1"], "--input", source, "--stats-json", loop], "loop of symbolic"),
+        (["average", "--checkpoints", loop, files["tr2"], "--out", tmp_path / "avg.pt"], "symbolic link to nothing"),
+    ]
+    for args, message in cases:
+        code, err = tcli(*args)
+        assert code == 2 and message in err and err.count("\n") == 1, (args, err)
+
+
+def test_a_closed_stdout_or_stdin_is_one_line(files, tmp_path):
+    """`>&-` / `<&-` leave Python's sys.stdout / sys.stdin None: a write was an AttributeError traceback, or
+    (count-params) its table was dropped with exit code 0."""
+    source = tmp_path / "in.txt"
+    source.write_text("a b c\n")
+    for args, fd in (
+        (["translate", "--checkpoint", files["tr1"], "--input", source], 1),
+        (["count-params", "--checkpoint", files["tr1"]], 1),
+        (["translate", "--checkpoint", files["tr1"]], 0),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "transformer_cli", *map(str, args)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            preexec_fn=lambda fd=fd: os.close(fd),  # as the shell's >&- or <&- leaves it
+        )
+        name = "input" if fd == 0 else "output"
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert f"standard {name} is closed" in result.stderr, result.stderr

@@ -106,6 +106,12 @@ def check_weights(weights: dict[str, Any], expected: dict[str, torch.Tensor], so
             raise UserError(f"{source}: {name} is a {type(t).__name__}, not a tensor")
         if tuple(t.shape) != tuple(ref.shape):
             raise UserError(f"{source}: {name} has shape {tuple(t.shape)} but the config needs {tuple(ref.shape)}")
+        if t.dtype != ref.dtype and not (t.is_floating_point() and ref.is_floating_point()):
+            # an integer weight would be loaded as its truncated values (0 for most): a damaged file
+            kind = "floating-point" if ref.is_floating_point() else str(ref.dtype).removeprefix("torch.")
+            raise UserError(
+                f"{source}: {name} is {str(t.dtype).removeprefix('torch.')}, not {kind}; the file is damaged"
+            )
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise UserError(
                 f"{source}: {name} holds NaN or infinite values; the model diverged before this "
@@ -182,6 +188,8 @@ def check_resumable(ckpt: Checkpoint) -> None:
 
 def _load(path: Path) -> dict[str, Any]:
     if not path.exists():
+        if path.is_symlink():
+            raise UserError(f"checkpoint {path} is a symbolic link to nothing (missing, or a loop of links)")
         raise UserError(f"checkpoint not found: {path}")
     if not path.is_file():
         raise UserError(f"{path} is not a file; pass a .pt file from <run>/checkpoints/")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -57,7 +58,10 @@ def same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:
-        return Path(a).resolve() == Path(b).resolve()
+        try:
+            return Path(a).resolve() == Path(b).resolve()
+        except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13): it names no file
+            return False
 
 
 def check_distinct(outputs: Iterable[tuple[str, Path | None]], inputs: Iterable[tuple[str, Path | None]]) -> None:
@@ -87,7 +91,16 @@ def write_atomic(data: bytes, path: Path) -> None:
     A failed write (a full disk) removes its temporary file, leaves the old file as it was, and is a
     one-line error that says what to do. An interrupt (Ctrl-C, or SIGTERM as the CLI raises it) removes
     the temporary file too; only SIGKILL leaves one, which `remove_stale_temporaries` deletes later.
+    Only a regular file (or a link, itself replaced) is replaced: the rename would put the file in the place
+    of a device (/dev/null), a FIFO or a socket.
     """
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        what = "a folder" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
+        raise UserError(f"{path} is {what}, not a file; give a file path to write")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -454,6 +454,7 @@ def _checkpoint_to_resume(directory: RunDirectory, resume: bool, quiet: bool) ->
 
         ckpt = read_checkpoint(last, kind=directory.kind)
         check_resumable(ckpt)
+        ckpt.check()  # names, shapes, dtypes and finite weights, before anything in the folder changes
         return ckpt
     if saved and directory.first_save_interrupted():
         say(quiet, f"the first checkpoint of {directory.path} was interrupted: starting the run over")

@@ -4,6 +4,7 @@ the next chunk is read."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import sys
@@ -31,11 +32,21 @@ def check_writable(path: Path | None, option: str) -> None:
         return
     if path.is_dir():
         raise UserError(f"{option} {path} is a directory; give a file name")
+    if _link_loop(path):
+        raise UserError(f"{option} {path} is a loop of symbolic links; give a file name")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UserError(f"{option} {path} is not writable")
+
+
+def _link_loop(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
 
 
 def check_outputs(outputs: Sequence[tuple[str, Path | None]], inputs: Sequence[tuple[str, Path | None]]) -> None:

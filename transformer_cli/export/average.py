@@ -17,7 +17,7 @@ import torch
 from transformer_cli.checkpoint import Checkpoint, read_checkpoint, serialize
 from transformer_cli.errors import UserError
 from transformer_cli.export.folders import check_writable_file
-from transformer_cli.files import remove_stale_temporaries, write_atomic
+from transformer_cli.files import remove_stale_temporaries, same_file, write_atomic
 
 # What only a resumed training run needs: an average is never resumed.
 _TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng", "train_state")
@@ -181,7 +181,7 @@ def write_average(paths: list[Path], out: Path, force: bool = False) -> dict[str
     remove_stale_temporaries(out.parent, out.name, live_writers=True)  # of an interrupted average to `out`
     if out.exists() and not force:
         raise UserError(f"{out} exists; pass --force to overwrite it")
-    if out.resolve() in {p.resolve() for p in paths}:
+    if any(same_file(out, p) for p in paths):  # hard and symbolic links included
         raise UserError(f"--out {out} is one of the checkpoints being averaged; write the average elsewhere")
     state = average_checkpoints(paths)
     write_atomic(serialize(state), out)

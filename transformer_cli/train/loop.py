@@ -32,7 +32,7 @@ from transformer_cli.errors import UserError
 from transformer_cli.files import write_atomic
 from transformer_cli.runtime import Runtime, release_free_memory
 from transformer_cli.train.metrics import MetricsLog
-from transformer_cli.train.optim import build_optimizer, build_scheduler, optimizer_step
+from transformer_cli.train.optim import build_optimizer, build_scheduler, check_optimizer_state, optimizer_step
 from transformer_cli.train.stop import saved_stop_reason, stop_reason
 
 
@@ -216,7 +216,14 @@ class Trainer:
 
     def restore(self, ckpt: Checkpoint) -> None:
         """Continue from a checkpoint (already validated and checked against the config by the runner)."""
-        self._restore(ckpt.state)
+        try:
+            self._restore(ckpt.state)
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:  # a damaged optimizer or RNG state
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"{ckpt.path} cannot be resumed: its training state does not load ({first}); resume from an "
+                "intact last.pt or choose another --out"
+            ) from None
         say(self.quiet, f"resumed from {ckpt.path} at step {self.state.step} (epoch {self.state.epoch + 1})")
         self._seed_ranks()
 
@@ -524,6 +531,7 @@ class Trainer:
     def _restore(self, ckpt: dict[str, Any]) -> None:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
+        check_optimizer_state(self.optimizer)
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
         ts, state = ckpt["train_state"], self.state

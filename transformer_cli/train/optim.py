@@ -23,6 +23,26 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
     )
 
 
+def check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """AdamW's state as loaded from a checkpoint: for each parameter that has one, a step and two moments of
+    the parameter's shape, finite. load_state_dict takes anything and the first update would fail on it (or
+    train on NaN moments); raise ValueError naming the first problem."""
+    for index, p in enumerate(q for group in optimizer.param_groups for q in group["params"]):
+        state = optimizer.state.get(p)
+        if not state:
+            continue  # a parameter that never had a gradient
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            value = state.get(key)
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"the optimizer state of parameter {index} lacks {key}")
+            if key != "step" and value.shape != p.shape:
+                raise ValueError(
+                    f"the optimizer's {key} of parameter {index} has shape {tuple(value.shape)}, not {tuple(p.shape)}"
+                )
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"the optimizer's {key} of parameter {index} holds NaN or infinite values")
+
+
 def optimizer_step(
     optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, clip_norm: float
 ) -> tuple[torch.Tensor, bool]:
