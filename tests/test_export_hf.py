@@ -260,7 +260,7 @@ def test_export_hf_refuses_a_translation_checkpoint_and_a_file_as_folder(tmp_pat
     }
     write_atomic(serialize(state), tmp_path / "t.pt")
     code, err = tcli("export-hf", "--checkpoint", str(tmp_path / "t.pt"), "--out", str(tmp_path / "hf"))
-    assert code == 2 and "holds a translation model, not a bert model" in err
+    assert code == 2 and "holds a translation model, not a bert model; use it with tcli translate" in err
     (tmp_path / "file").write_text("x")
     code, err = tcli("export-hf", "--checkpoint", str(exported[0]), "--out", str(tmp_path / "file"))
     assert code == 2 and err.strip() == f"error: --out {tmp_path / 'file'} is a file, not a folder"

@@ -523,3 +523,24 @@ def test_attention_maps_are_fp32_probabilities_under_bf16_autocast():
             assert maps[kind].dtype == np.float32
             np.testing.assert_allclose(maps[kind].sum(-1), 1.0, atol=1e-5)
             np.testing.assert_allclose(maps[kind], reference[kind], atol=0.05)  # the same Q and K, rounded by bf16
+
+
+def test_plot_draws_a_finetuning_run_and_names_a_file_given_as_run(tmp_path):
+    """A fine-tuning run logs its dev metrics (accuracy, pearson, entity_f1, ...), not BLEU or MLM accuracy: they
+    are its validation row (plot refused such a run: "no finite values of a plotted metric")."""
+    pytest.importorskip("matplotlib")
+    from transformer_cli.plot import _rows, read_events
+
+    lines = [
+        {"event": "train", "step": 2, "loss": 0.7, "lr": 1e-4, "tokens_per_sec": 900.0},
+        {"event": "eval", "step": 2, "accuracy": 0.6, "f1": 0.5, "score": 0.55, "wall_s": 1.0},
+        {"event": "eval", "step": 4, "accuracy": 0.7, "f1": 0.6, "score": 0.65, "wall_s": 2.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    rows = dict(_rows(read_events(tmp_path)))
+    assert [label for label, *_ in rows["validation"]] == ["accuracy", "f1"]
+    code, err = tcli("plot", tmp_path, "--out", tmp_path / "c.png")
+    assert code == 0 and (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG", err
+    code, err = tcli("plot", tmp_path / "c.png", "--out", tmp_path / "d.png")
+    one_line_error(code, err)
+    assert "is not a run directory (a file)" in err

@@ -247,7 +247,10 @@ def test_translate_errors(tmp_path):
     one_line_error(run_tcli("translate", "--checkpoint", str(foreign)), "is not a tcli checkpoint")
     bert = tmp_path / "bert.pt"
     torch.save({"tcli": {"kind": "bert"}, "model": {}}, bert)
-    one_line_error(run_tcli("translate", "--checkpoint", str(bert)), "holds a bert model")
+    one_line_error(
+        run_tcli("translate", "--checkpoint", str(bert)),
+        "holds a bert model, not a translation model; use it with tcli fill-mask",
+    )
 
 
 def test_help_and_module_entry_point():

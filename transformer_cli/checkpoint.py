@@ -119,6 +119,14 @@ def check_weights(weights: dict[str, Any], expected: dict[str, torch.Tensor], so
             )
 
 
+# The commands that take a checkpoint of each kind, named when one is given to a command of another kind.
+USED_BY = {
+    "translation": "tcli translate, evaluate or export-ct2",
+    "bert": "tcli fill-mask, evaluate or export-hf, or fine-tune it (tcli finetune, model.init)",
+    "finetune": "tcli predict, evaluate or export-hf",
+}
+
+
 def read_checkpoint(path: str | Path, kind: str | None = None, vocab: bool = True) -> Checkpoint:
     """Load and validate a tcli checkpoint; `kind` ("translation" or "bert") refuses the other kind.
     `vocab=False` skips the vocabularies (counting parameters needs none; `vocabs` is then empty).
@@ -135,7 +143,7 @@ def read_checkpoint(path: str | Path, kind: str | None = None, vocab: bool = Tru
     if found not in SCHEMAS:
         raise UserError(f"{path}: unknown model kind {str(found)[:40]!r}; valid kinds: {', '.join(SCHEMAS)}")
     if kind is not None and found != kind:
-        raise UserError(f"{path} holds a {found} model, not a {kind} model")
+        raise UserError(f"{path} holds a {found} model, not a {kind} model; use it with {USED_BY[found]}")
     if not isinstance(state.get("config"), dict):
         raise UserError(f"{path} holds no run config; pass a file from <run>/checkpoints/")
     cfg = build_config(SCHEMAS[found], state["config"], f"the config stored in {path}")

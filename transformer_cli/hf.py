@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer_cli.checkpoint import Checkpoint, check_weights, read_checkpoint
+from transformer_cli.checkpoint import USED_BY, Checkpoint, check_weights, read_checkpoint
 from transformer_cli.config import BertModelConfig
 from transformer_cli.errors import UserError, quote
 from transformer_cli.files import write_atomic
@@ -189,7 +189,7 @@ def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
     if ckpt.kind == "finetune":  # BertForSequenceClassification / BertForTokenClassification
         return export_finetuned(ckpt, out_dir, force)
     if ckpt.kind != "bert":
-        raise UserError(f"{checkpoint} holds a {ckpt.kind} model, not a bert model")
+        raise UserError(f"{checkpoint} holds a {ckpt.kind} model, not a bert model; use it with {USED_BY[ckpt.kind]}")
     cfg, (vocab,) = ckpt.cfg, ckpt.vocabs
     check_post_norm(cfg.model, str(checkpoint))
     model = ckpt.build_model()  # validates every tensor's name, shape and finiteness

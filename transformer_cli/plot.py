@@ -1,8 +1,8 @@
 """`tcli plot`: a run's curves from its metrics.jsonl in one figure, against update step and wall time.
 
-Rows: training loss with the validation loss, the validation quality (BLEU, or MLM/NSP accuracy for
-BERT), the learning rate, training throughput. Left column against the update step, right column
-against wall time. Eval and end events carry `wall_s`; train events do not, so their wall time is
+Rows: training loss with the validation loss, the validation quality (BLEU, MLM/NSP accuracy for BERT, or a
+fine-tuning run's dev metrics), the learning rate, training throughput. Left column against the update step,
+right column against wall time. Eval and end events carry `wall_s`; train events do not, so their wall time is
 interpolated linearly in the step between the known (step, wall_s) points, starting from (0, 0 s);
 train events after the last known point are left out of the wall-time column.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from transformer_cli import task_metrics
 from transformer_cli.attention_plot import image_format, save_figure
 from transformer_cli.errors import UserError
 from transformer_cli.metrics_file import read_metrics
@@ -31,7 +32,8 @@ ROWS: list[tuple[str, list[tuple[str, str, str]]]] = [
     ),
     (
         "validation",
-        [("eval", "bleu", "BLEU"), ("eval", "mlm_acc", "MLM accuracy"), ("eval", "nsp_acc", "NSP accuracy")],
+        [("eval", "bleu", "BLEU"), ("eval", "mlm_acc", "MLM accuracy"), ("eval", "nsp_acc", "NSP accuracy")]
+        + [("eval", name, name) for name in task_metrics.METRICS],  # a fine-tuning run's dev metrics
     ),
     ("learning rate", [("train", "lr", "learning rate")]),
     ("tokens/s", [("train", "tgt_tokens_per_sec", "target tokens/s"), ("train", "tokens_per_sec", "tokens/s")]),
@@ -44,9 +46,10 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     folder or log, or a log without train or eval events."""
     path = run_dir / "metrics.jsonl"
     if not run_dir.is_dir():
-        raise UserError(f"{run_dir} is not a run directory (no such folder)")
+        what = "a file" if run_dir.exists() else "no such folder"
+        raise UserError(f"{run_dir} is not a run directory ({what}); give the folder a run's --out named")
     if not path.is_file():
-        raise UserError(f"{path} not found: is {run_dir} a run directory of tcli train / pretrain-bert?")
+        raise UserError(f"{path} not found: is {run_dir} a run directory of tcli train / pretrain-bert / finetune?")
     try:
         events = [e for e in read_metrics(run_dir, skip_damaged=True) if _plottable(e)]
     except OSError as e:
