@@ -125,8 +125,8 @@ def train_flops_per_token(kind: str) -> float:
     return bert_train_flops(d, ffn, 4, vocab, seq_len, seq_len, masked, 1)["total"] / seq_len
 
 
-def nmt_train_args(steps: int, log_every: int = 25, eval_every: int = 100000) -> list[str]:
-    """`train` arguments of the translation benchmark: Multi30k at the benchmark size, no test split."""
+def nmt_train_args(steps: int, log_every: int = 25, eval_every: int = 100000, size: list[str] = NMT_SIZE) -> list[str]:
+    """`train` arguments of the translation benchmark: Multi30k at the benchmark size (or `size`), no test split."""
     return [
         "train",
         "--config",
@@ -142,7 +142,7 @@ def nmt_train_args(steps: int, log_every: int = 25, eval_every: int = 100000) ->
         f"train.eval_every={eval_every}",
         "--set",
         "data.test=null",
-        *overrides(NMT_SIZE),
+        *overrides(size),
     ]
 
 
@@ -840,7 +840,7 @@ def bench_regression(work: Path, commit: str, rounds: int, steps: int) -> dict:
                 out = work / f"reg_{side}{r}"
                 tree, env = (old, {"PYTHONPATH": str(old)}) if side == "old" else (ROOT, None)
                 run(
-                    tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", str(out)),
+                    tcli(*nmt_train_args(steps, log_every=10, size=DATA_NMT_SIZE), "--out", str(out)),
                     env=env,
                     cwd=tree,
                 )
@@ -856,7 +856,7 @@ def bench_regression(work: Path, commit: str, rounds: int, steps: int) -> dict:
         "new": tps["new"],
         "steps": steps,
         "ratio": statistics.median(tps["new"]) / statistics.median(tps["old"]),
-        "command": tcli(*nmt_train_args(steps, log_every=10), *overrides(DATA_NMT_SIZE), "--out", "RUN"),
+        "command": tcli(*nmt_train_args(steps, log_every=10, size=DATA_NMT_SIZE), "--out", "RUN"),
         "quick_old": quick["old"],
         "quick_new": quick["new"],
         "quick_ratio": statistics.median(quick["new"]) / statistics.median(quick["old"]),
