@@ -249,3 +249,16 @@ def test_the_users_set_replaces_the_recipes_keys_and_seeds_count_from_train_seed
     runs = plan("none", glue_dir, ["rte"], 2, tmp_path / "out", sets)
     assert [(r.task, r.seed, r.cfg.train.seed) for r in runs] == [("rte", 7, 7), ("rte", 8, 8)]
     assert {(r.cfg.train.lr, r.cfg.train.warmup_steps, r.cfg.data.max_seq_len) for r in runs} == {(3e-5, 4, 24)}
+
+
+def test_paths_that_look_like_yaml_stay_paths(tmp_path, glue_dir):
+    """--data-dir and --checkpoint reach the config as YAML strings: `-` was read as a list ([None]), `null` as
+    nothing, `[x]` as a list."""
+    import shutil
+
+    from transformer_cli.glue import plan
+
+    odd = tmp_path / "[x] null"
+    shutil.copytree(glue_dir, odd)
+    (run,) = plan("none", odd, ["rte"], 1, tmp_path / "out", TINY)
+    assert run.cfg.data.dir == str(odd) and run.cfg.model.init == "none"

@@ -544,3 +544,68 @@ def test_plot_draws_a_finetuning_run_and_names_a_file_given_as_run(tmp_path):
     code, err = tcli("plot", tmp_path / "c.png", "--out", tmp_path / "d.png")
     one_line_error(code, err)
     assert "is not a run directory (a file)" in err
+
+
+# ----------------------------------------------------------------------------- 6. options (fuzzed, 2026-12-06)
+
+
+@pytest.mark.parametrize("device", ["mps", "xla", "meta", "cpu:1", "vulkan", "cuda:x"])
+def test_devices_tcli_does_not_run_on_are_one_line(world, device):
+    """torch knows mps, xla and meta: they passed the check and failed inside torch with a traceback."""
+    code, err = tcli("count-params", "--checkpoint", world["tr_ckpt"])  # the checkpoint itself is fine
+    assert code == 0, err
+    source = world["root"] / "src.txt"
+    source.write_text("a b\n")
+    code, err = tcli("translate", "--checkpoint", world["tr_ckpt"], "--input", source, "--device", device)
+    one_line_error(code, err)
+    assert "expected auto, cpu, cuda or cuda:N" in err or "no CUDA device is visible" in err, err
+
+
+def test_translate_output_options_protect_checkpoints_and_take_dash_as_stdout(world, tmp_path):
+    """-o naming a checkpoint (any name) is refused, the file intact; `-o -` is standard output, as `-i -` is
+    standard input (it wrote a file named -); --stats-json - is refused."""
+    source = tmp_path / "src.txt"
+    source.write_text("a b\nc d\n")
+    other = tmp_path / "other_model.bin"
+    shutil.copyfile(world["tr_ckpt2"], other)
+    before = hashlib.sha256(other.read_bytes()).hexdigest()
+    code, err = tcli("translate", "--checkpoint", world["tr_ckpt"], "--input", source, "--output", other)
+    one_line_error(code, err)
+    assert "holds a checkpoint" in err and hashlib.sha256(other.read_bytes()).hexdigest() == before
+    from typer.testing import CliRunner
+
+    from transformer_cli.cli import app
+
+    result = CliRunner().invoke(app, ["translate", "--checkpoint", str(world["tr_ckpt"]), "-i", str(source), "-o", "-"])
+    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 2 and not Path("-").exists(), result.stderr
+    code, err = tcli("translate", "--checkpoint", world["tr_ckpt"], "--input", source, "--stats-json", "-")
+    one_line_error(code, err)
+    assert "give a file name" in err
+
+
+def test_evaluate_lenpen_is_bounded_like_translates(world, tmp_path):
+    """`evaluate --lenpen 400` overflowed a float in beam search (a traceback); inf ranked nothing."""
+    source = tmp_path / "src.txt"
+    source.write_text("a b\n")
+    for value in ("400", "inf", "1e309"):
+        code, err = tcli(
+            "evaluate", "--checkpoint", world["tr_ckpt"], "--input", source, "--reference", source, "--lenpen", value
+        )
+        assert code == 2 and "'--lenpen'" in err and "less than or equal to 10" in err, err  # main() makes it one line
+
+
+def test_exports_and_preprocessing_never_write_into_a_runs_own_folders(world, tmp_path):
+    """--force or not: export-hf into a run's vocab/ deleted its vocab.json; preprocess into its data/ replaced
+    the arrays a resume reads. The run folder and its vocab/, data/, checkpoints/, tb/ are refused."""
+    run = tmp_path / "run"
+    shutil.copytree(world["bert_run"], run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    for out in (run, run / "vocab", run / "checkpoints"):
+        code, err = tcli("export-hf", "--checkpoint", world["bert_ckpt"], "--out", out, "--force")
+        one_line_error(code, err)
+        assert "the run's own" in err
+    code, err = tcli("preprocess", "--config", world["bert_yaml"], "--out", run / "data", "--force", "--quiet")
+    one_line_error(code, err)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"} == before
+    code, err = tcli("export-hf", "--checkpoint", world["bert_ckpt"], "--out", run / "hf")  # a folder of its own
+    assert code == 0, err

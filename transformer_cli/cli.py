@@ -213,7 +213,7 @@ def preprocess(
 def translate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a .pt file written by tcli train")],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="one sentence per line (default stdin)")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default stdout)")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default or -: stdout)")] = None,
     beam: Annotated[int, typer.Option("--beam", min=1, max=256, help="beam size; 1 is greedy")] = 5,
     lenpen: Annotated[float, typer.Option("--lenpen", min=0.0, max=10.0, help="rank by score / length**lenpen")] = 1.0,
     max_len_a: Annotated[
@@ -267,6 +267,7 @@ def translate(
         raise UserError("--attention-max counts the lines --attention FOLDER draws; add --attention")
     opts = DecodeOptions(beam, lenpen, max_len_a, max_len_b, max_tokens, nbest)
     inspect = InspectOptions(attention, attention_max, print_alignment, alignment_layer, alignment_unit)
+    output = None if str(output) == "-" else output  # `-o -`: standard output, as `-i -` is standard input
     run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json, inspect)
 
 
@@ -348,7 +349,7 @@ def predict(
         Path | None,
         typer.Option("--input", "-i", help=".tsv/.csv/.jsonl (the training columns), .conll, or plain lines (stdin)"),
     ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default stdout)")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default or -: stdout)")] = None,
     device: DeviceOpt = "auto",
     precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "fp32",
 ) -> None:
@@ -358,6 +359,7 @@ def predict(
 
     if precision not in ("auto", "fp32", "bf16", "fp16"):
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    output = None if str(output) == "-" else output  # `-o -`: standard output, as `-i -` is standard input
     run_predict(checkpoint, input, output, device, precision)
 
 
@@ -450,7 +452,9 @@ def evaluate(
     beam: Annotated[
         int | None, typer.Option("--beam", min=1, max=256, help="1..256; default: the checkpoint's eval.beam")
     ] = None,
-    lenpen: Annotated[float | None, typer.Option("--lenpen", min=0.0, help="default: eval.lenpen")] = None,
+    lenpen: Annotated[
+        float | None, typer.Option("--lenpen", min=0.0, max=10.0, help="0..10; default: eval.lenpen")
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     device: DeviceOpt = "auto",
     precision: Annotated[

@@ -85,6 +85,22 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
+RUN_MARKER = "run.json"  # names a tcli run directory (run.py)
+RUN_PARTS = ("vocab", "data", "checkpoints", "tb")  # the folders a run writes in it
+
+
+def check_not_a_run_part(out: Path, option: str = "--out") -> None:
+    """A folder a tcli run owns (the run folder itself, or its vocab/, data/, checkpoints/, tb/) is no output
+    folder for an export or a preprocessing, --force or not: its files would replace or delete the run's own
+    (export-hf --force into a run's vocab/ deleted its vocab.json)."""
+    run = out if (out / RUN_MARKER).is_file() else out.parent if out.name in RUN_PARTS else None
+    if run is not None and (run / RUN_MARKER).is_file():
+        raise UserError(
+            f"{option} {out} is {'a tcli run folder' if run == out else f'the {out.name}/ folder of the run {run}'}: "
+            f"its files are the run's own; write to a folder of its own (e.g. {run / 'export'})"
+        )
+
+
 def write_atomic(data: bytes, path: Path) -> None:
     """Temporary file, fsync, rename: a kill at any moment leaves the old file or the new one, never half.
 

@@ -109,7 +109,9 @@ def plan(
     mine = {_key(override) for override in overrides}
     for task in tasks:
         recipe_sets = [s for s in recipe(task) if _key(s) not in mine]  # the user's --set replaces the recipe's
-        sets = [*recipe_sets, f"data.dir={data_dir}", f"model.init={checkpoint}", *overrides]
+        # the paths as YAML strings (json.dumps quotes them): a name like `-`, `[x]` or `null` is a path, not YAML
+        paths = [f"data.dir={json.dumps(str(data_dir))}", f"model.init={json.dumps(checkpoint)}"]
+        sets = [*recipe_sets, *paths, *overrides]
         source = f"tcli glue's {GLUE_TASKS[task].folder} recipe{shown}"
         first = load_config(FinetuneRunConfig, None, sets, source).train.seed
         if first + seeds - 1 > MAX_SEED:

@@ -103,7 +103,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
 
     figure_module = require_matplotlib()
     out = out if out is not None else run_dir / "curves.png"
-    if out.is_dir() or not out.parent.is_dir():
+    if str(out) == "-" or out.is_dir() or not out.parent.is_dir():
         raise UserError(f"--out {out}: give a file in an existing folder")
     image_format(out, "--out")
     events = read_events(run_dir)

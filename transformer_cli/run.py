@@ -22,7 +22,7 @@ from transformer_cli.console import say
 from transformer_cli.datasets import shards
 from transformer_cli.datasets.shards import Manifest, describe_file, read_manifest
 from transformer_cli.errors import UserError
-from transformer_cli.files import remove_stale_temporaries, write_atomic
+from transformer_cli.files import RUN_MARKER, check_not_a_run_part, remove_stale_temporaries, write_atomic
 from transformer_cli.train.stop import saved_stop_reason
 from transformer_cli.vocab import Vocab
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # this module is imported by `tcli preprocess`, which never l
     from transformer_cli.checkpoint import Checkpoint
     from transformer_cli.runtime import Runtime
 
-MARKER = "run.json"  # names a tcli run directory: kind, version, status
+MARKER = RUN_MARKER  # names a tcli run directory: kind, version, status
 LOCK = ".lock"
 OWN_ENTRIES = {MARKER, LOCK, "config.yaml", "vocab", "data", "checkpoints", "metrics.jsonl", "tb"}
 
@@ -656,6 +656,7 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file, not a directory")
+    check_not_a_run_part(out)
     foreign = sorted(p.name for p in out.iterdir() if not PREPROCESSED_ENTRY.match(p.name)) if out.is_dir() else []
     if foreign:
         raise UserError(

@@ -66,7 +66,10 @@ def pick_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UserError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cpu" and device.index):
+        # torch knows more names (mps, xla, meta, ...) than tcli runs on: they failed later, inside torch
+        raise UserError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise UserError(
             f"--device {name}: this machine has {_cuda_devices()} (cuda:0 to "
@@ -84,7 +87,9 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     """`auto`: bf16 where the hardware multiplies bf16 natively, fp16 on older GPUs, else fp32."""
     if precision != "auto":
         if precision == "fp16" and device.type == "cpu":
-            raise UserError("train.precision fp16 needs a GPU; on CPU use bf16, fp32 or auto")
+            raise UserError(
+                "precision fp16 needs a GPU; on CPU use bf16, fp32 or auto (train.precision or --precision)"
+            )
         return precision
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"

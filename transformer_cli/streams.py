@@ -27,11 +27,19 @@ def open_input(path: Path | None, stdin: TextIO) -> LineReader:
 
 
 def check_writable(path: Path | None, option: str) -> None:
-    """Fail before any work when an output file cannot be written (no such folder, a directory, read-only)."""
+    """Fail before any work when an output file cannot be written (no such folder, a directory, read-only), or
+    must not be (a checkpoint: `-o` naming one by mistake would replace it with text)."""
     if path is None:
         return
+    if str(path) == "-":
+        raise UserError(f"{option} -: give a file name (- stands for standard output only with --output)")
     if path.is_dir():
         raise UserError(f"{option} {path} is a directory; give a file name")
+    if _holds_a_checkpoint(path):
+        raise UserError(
+            f"{option} {path} holds a checkpoint (a torch file): text written over it would destroy it; "
+            "give another path"
+        )
     if _link_loop(path):
         raise UserError(f"{option} {path} is a loop of symbolic links; give a file name")
     folder = path.parent if str(path.parent) else Path(".")
@@ -39,6 +47,15 @@ def check_writable(path: Path | None, option: str) -> None:
         raise UserError(f"{option} {path}: the folder {folder} does not exist; create it first")
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UserError(f"{option} {path} is not writable")
+
+
+def _holds_a_checkpoint(path: Path) -> bool:
+    """Whether `path` is a file in torch.save's format (a zip archive): a checkpoint, whatever its name."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
 
 
 def _link_loop(path: Path) -> bool:
@@ -52,9 +69,9 @@ def _link_loop(path: Path) -> bool:
 def check_outputs(outputs: Sequence[tuple[str, Path | None]], inputs: Sequence[tuple[str, Path | None]]) -> None:
     """Before any work: every output file can be written, and none is a file the command reads or another
     output (`--output` naming the input or the checkpoint would destroy it)."""
+    check_distinct(outputs, inputs)  # first: the more telling message where an output names the checkpoint
     for option, path in outputs:
         check_writable(path, option)
-    check_distinct(outputs, inputs)
 
 
 def first_chunk(output: Path | None, first: int, most: int) -> int:

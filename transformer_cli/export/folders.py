@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from transformer_cli.errors import UserError
-from transformer_cli.files import remove_stale_temporaries, temporary_name
+from transformer_cli.files import check_not_a_run_part, remove_stale_temporaries, temporary_name
 
 STAGING = "export"  # `.export.tmpPID`: the folder an export writes into before its files are renamed into place
 
@@ -21,6 +21,7 @@ def prepare_folder(out_dir: Path, force: bool, owned: Iterable[str], what: str) 
     whose process has ended) are removed first: they are never the user's, and never block the next export."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file, not a folder")
+    check_not_a_run_part(out_dir)
     try:
         for name in [STAGING, *(n for n in owned if "*" not in n)]:
             remove_stale_temporaries(out_dir, name, live_writers=True)
