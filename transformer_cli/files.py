@@ -45,11 +45,16 @@ def check_user_paths(values: Iterable[tuple[str, object]]) -> None:
 
 
 def check_file(path: Path, message: str) -> None:
-    """One line when `path` is no file: `message` (which names it) + " not found", or + " is a folder, not a
-    file" where a folder stands at a file's place."""
+    """One line when `path` is no regular file: `message` (which names it) with `{what}`: "not found", "is a
+    folder, not a file", or "is a FIFO, device or socket, not a regular file" (reading it could block, or
+    never end)."""
     if path.is_file():
         return
-    raise UserError(message.format(what="is a folder, not a file" if path.is_dir() else "not found"))
+    if path.is_dir():
+        what = "is a folder, not a file"
+    else:
+        what = "is a FIFO, device or socket, not a regular file" if path.exists() else "not found"
+    raise UserError(message.format(what=what))
 
 
 def same_file(a: Path, b: Path) -> bool:

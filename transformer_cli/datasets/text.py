@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import select
+import stat
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +27,21 @@ def read_lines(path: str | Path) -> list[str]:
     except OSError as e:
         raise read_error(e, path) from None
     return decode_utf8(data, str(path))
+
+
+def check_data_file(path: str | Path) -> None:
+    """A training data file is a regular file (or a link to one): it is read more than once (indexed, hashed,
+    tokenised), and a FIFO would block until a writer came (forever, for one without) while /dev/zero never
+    ends its first line. Missing files and folders are left to the read, whose errors name them."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise UserError(
+            f"{path} is not a regular file (a FIFO, device or socket): training data is read more than once; "
+            "save it to a file"
+        )
 
 
 def read_error(e: OSError, path: str | Path) -> UserError:
@@ -214,6 +231,7 @@ def fingerprint(paths: list[Path]) -> str:
     """sha256 over the files' bytes: resuming with other data is an error, not a silent mix."""
     digest = hashlib.sha256()
     for path in paths:
+        check_data_file(path)
         try:
             with open(path, "rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
@@ -229,6 +247,7 @@ STREAM_BYTES = 1 << 22
 def stream_lines(path: str | Path, block_bytes: int = STREAM_BYTES) -> Iterator[list[str]]:
     """The lines of a UTF-8 text file in lists, read `block_bytes` at a time, so that a file of any size is
     read in bounded memory (the lines and errors of `LineReader`)."""
+    check_data_file(path)
     with open_lines(path, block_bytes) as reader:
         yield from reader.blocks()
 
@@ -279,6 +298,7 @@ def index_lines(path: str | Path, block: int, chunk_bytes: int = 1 << 22, also: 
     line), its sha256, and the byte offset of every `block`-th line. The line ending is decided from the
     first STREAM_BYTES, as `stream_lines` does. `also`: a hashlib object the bytes are fed to as well."""
     path = Path(path)
+    check_data_file(path)
     digest = hashlib.sha256()
     starts: list[np.ndarray] = [np.zeros(1, np.int64)]
     lines, base, carry = 0, 0, b""
