@@ -164,7 +164,11 @@ def test_new_run_refuses_to_overwrite_and_resume_checks_data(tmp_path, small_dat
     changed = run_tcli(
         "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet", "--set", f"data.dir={other}"
     )
-    assert changed.returncode == 2 and "training data differ" in changed.stderr
+    assert (
+        changed.returncode == 2
+        and "training data differ from those" in changed.stderr
+        and f"files under {other}" in changed.stderr
+    )
     model = run_tcli(
         "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet", "--set", "model.ffn_dim=48"
     )

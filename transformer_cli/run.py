@@ -399,9 +399,10 @@ def run_training(
             setup.resuming(ckpt)
             check_resume_config(ckpt.state["config"], cfg.model_dump(mode="json"), ckpt.path)
             if ckpt.state.get("data_fingerprint") != setup.data_fingerprint():
+                folder = getattr(cfg.data, "preprocessed", None) or cfg.data.dir  # where the hashed files are
                 raise UserError(
-                    f"the training data differ from those {ckpt.path} was trained on; resume with the "
-                    "same files or use a new --out"
+                    f"the training data differ from those {ckpt.path} was trained on (the files under {folder}, "
+                    "compared by sha256); resume with the same files or use a new --out"
                 )
             if setup.preprocessed() is not None:
                 _check_preprocessed_vocab(setup, setup.vocabs_from_checkpoint(ckpt))
