@@ -609,3 +609,26 @@ def test_exports_and_preprocessing_never_write_into_a_runs_own_folders(world, tm
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"} == before
     code, err = tcli("export-hf", "--checkpoint", world["bert_ckpt"], "--out", run / "hf")  # a folder of its own
     assert code == 0, err
+
+
+def test_an_output_that_is_a_pipe_is_checked_without_opening_it(tmp_path):
+    """`-o >(gzip > out.gz)` or a named pipe: the checkpoint check reads only regular files (opening a FIFO to
+    read blocks until a writer comes). An alarm turns a hang into a failure."""
+    import os
+    import signal
+
+    from transformer_cli.streams import check_writable
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+
+    def hung(*_):
+        raise AssertionError("check_writable opened the FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        check_writable(fifo, "--output")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

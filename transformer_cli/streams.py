@@ -50,7 +50,10 @@ def check_writable(path: Path | None, option: str) -> None:
 
 
 def _holds_a_checkpoint(path: Path) -> bool:
-    """Whether `path` is a file in torch.save's format (a zip archive): a checkpoint, whatever its name."""
+    """Whether `path` is a file in torch.save's format (a zip archive): a checkpoint, whatever its name. Only a
+    regular file is opened: opening a FIFO (`-o >(gzip > out.gz)`, a named pipe) to read would block."""
+    if not path.is_file():
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(4) == b"PK\x03\x04"
