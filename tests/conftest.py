@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -202,6 +203,23 @@ def run_killed(kill_step: int, where: str, *args: str) -> subprocess.CompletedPr
         text=True,
         timeout=300,
     )
+
+
+@contextlib.contextmanager
+def fails_if_it_hangs(what: str, seconds: int = 10):
+    """A block that must not block (a FIFO opened by mistake would wait forever): SIGALRM after `seconds`
+    turns a hang into an AssertionError naming `what`."""
+
+    def hung(*_):
+        raise AssertionError(f"{what} blocked for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def toy_subset(folder: Path, train: int, valid: int, newline: str = "\n") -> Path:

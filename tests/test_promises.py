@@ -615,20 +615,12 @@ def test_an_output_that_is_a_pipe_is_checked_without_opening_it(tmp_path):
     """`-o >(gzip > out.gz)` or a named pipe: the checkpoint check reads only regular files (opening a FIFO to
     read blocks until a writer comes). An alarm turns a hang into a failure."""
     import os
-    import signal
 
     from transformer_cli.streams import check_writable
 
+    from .conftest import fails_if_it_hangs
+
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-
-    def hung(*_):
-        raise AssertionError("check_writable opened the FIFO")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(10)
-    try:
+    with fails_if_it_hangs("check_writable of a FIFO (it opened it)"):
         check_writable(fifo, "--output")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)

@@ -168,23 +168,18 @@ def test_a_training_file_that_is_no_regular_file_is_refused_before_it_is_opened(
     """A FIFO blocked the run forever (no writer), /dev/zero never ended its first line: training files are read
     more than once, so they must be regular files (a link to one is fine). An alarm turns a hang into a failure."""
     import os
-    import signal
 
     from transformer_cli.datasets.text import fingerprint, index_lines, stream_lines
     from transformer_cli.files import check_file
+
+    from .conftest import fails_if_it_hangs
 
     fifo, zero, real, link = tmp_path / "fifo.txt", tmp_path / "zero.txt", tmp_path / "real.txt", tmp_path / "l.txt"
     os.mkfifo(fifo)
     zero.symlink_to("/dev/zero")
     real.write_text("a b\n")
     link.symlink_to(real)
-
-    def hung(*_):
-        raise AssertionError("a read blocked: the file was opened before it was checked")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(10)
-    try:
+    with fails_if_it_hangs("a read of a FIFO or /dev/zero (opened before it was checked)"):
         for path in (fifo, zero):
             for read in (lambda p: index_lines(p, 16), lambda p: fingerprint([p]), lambda p: next(stream_lines(p))):
                 with pytest.raises(UserError, match="is not a regular file"):
@@ -192,6 +187,3 @@ def test_a_training_file_that_is_no_regular_file_is_refused_before_it_is_opened(
             with pytest.raises(UserError, match="is a FIFO, device or socket, not a regular file"):
                 check_file(path, "data: {path} {what}".replace("{path}", str(path)))
         assert index_lines(link, 16).lines == 1 and fingerprint([link])
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
