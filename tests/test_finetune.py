@@ -242,6 +242,10 @@ def test_predict_table_stdin_and_output_agree_with_the_dev_evaluation(tmp_path, 
     result = CliRunner().invoke(app, args, input="\n".join(texts) + "\n")
     assert result.exit_code == 0, result.output
     assert out.read_text().splitlines() == result_lines(rows[:3])
+    assert "predicted 3 examples" in result.stderr
+    # an empty input: nothing written, exit 0 as for any filter, and a warning instead of silence
+    result = CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "--device", "cpu"], input="")
+    assert result.exit_code == 0 and result.stdout == "" and "standard input holds no examples" in result.stderr
 
 
 def result_lines(rows: list[list[str]]) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import functools
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -360,7 +361,14 @@ def predict(
     if precision not in ("auto", "fp32", "bf16", "fp16"):
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
     output = None if str(output) == "-" else output  # `-o -`: standard output, as `-i -` is standard input
-    run_predict(checkpoint, input, output, device, precision)
+    start = time.perf_counter()
+    count = run_predict(checkpoint, input, output, device, precision)
+    if count == 0:
+        source = "standard input" if input is None or str(input) == "-" else str(input)
+        print(f"warning: {source} holds no examples: nothing was predicted", file=sys.stderr)
+    else:
+        seconds = time.perf_counter() - start
+        print(f"predicted {count:,} examples in {seconds:.1f} s (model loading included)", file=sys.stderr)
 
 
 @app.command("export-hf")
