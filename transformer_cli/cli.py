@@ -254,6 +254,7 @@ def translate(
     """Translate a file or stdin with beam search."""
     from transformer_cli.decode import DecodeOptions
     from transformer_cli.errors import UserError
+    from transformer_cli.streams import is_standard
     from transformer_cli.translate import InspectOptions, run_translate
 
     if nbest > beam:
@@ -268,7 +269,7 @@ def translate(
         raise UserError("--attention-max counts the lines --attention FOLDER draws; add --attention")
     opts = DecodeOptions(beam, lenpen, max_len_a, max_len_b, max_tokens, nbest)
     inspect = InspectOptions(attention, attention_max, print_alignment, alignment_layer, alignment_unit)
-    output = None if str(output) == "-" else output  # `-o -`: standard output, as `-i -` is standard input
+    output = None if is_standard(output) else output  # `-o -`: standard output, as `-i -` is standard input
     run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json, inspect)
 
 
@@ -357,14 +358,15 @@ def predict(
     """Label, score or tag text with a fine-tuned model: label and probability, the score, or word-tag lines."""
     from transformer_cli.errors import UserError
     from transformer_cli.predict import run_predict
+    from transformer_cli.streams import is_standard
 
     if precision not in ("auto", "fp32", "bf16", "fp16"):
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
-    output = None if str(output) == "-" else output  # `-o -`: standard output, as `-i -` is standard input
+    output = None if is_standard(output) else output  # `-o -`: standard output, as `-i -` is standard input
     start = time.perf_counter()
     count = run_predict(checkpoint, input, output, device, precision)
     if count == 0:
-        source = "standard input" if input is None or str(input) == "-" else str(input)
+        source = "standard input" if is_standard(input) else str(input)
         print(f"warning: {source} holds no examples: nothing was predicted", file=sys.stderr)
     else:
         seconds = time.perf_counter() - start

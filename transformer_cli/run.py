@@ -22,7 +22,7 @@ from transformer_cli.console import say
 from transformer_cli.datasets import shards
 from transformer_cli.datasets.shards import Manifest, describe_file, read_manifest
 from transformer_cli.errors import UserError
-from transformer_cli.files import RUN_MARKER, check_not_a_run_part, remove_stale_temporaries, write_atomic
+from transformer_cli.files import RUN_MARKER, RUN_PARTS, check_not_a_run_part, remove_stale_temporaries, write_atomic
 from transformer_cli.train.stop import saved_stop_reason
 from transformer_cli.vocab import Vocab
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # this module is imported by `tcli preprocess`, which never l
 
 MARKER = RUN_MARKER  # names a tcli run directory: kind, version, status
 LOCK = ".lock"
-OWN_ENTRIES = {MARKER, LOCK, "config.yaml", "vocab", "data", "checkpoints", "metrics.jsonl", "tb"}
+OWN_ENTRIES = {MARKER, LOCK, "config.yaml", "metrics.jsonl", *RUN_PARTS}
 
 # Keys that may differ when a run is resumed: they change neither the model, the vocabulary, nor the order
 # in which the data are fed (which the checkpoint's saved position refers to). Everything else is refused.

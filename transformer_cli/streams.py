@@ -18,9 +18,14 @@ from transformer_cli.errors import UserError
 from transformer_cli.files import check_distinct
 
 
+def is_standard(path: Path | None) -> bool:
+    """No path, or "-": standard input for --input, standard output for --output."""
+    return path is None or str(path) == "-"
+
+
 def open_input(path: Path | None, stdin: TextIO) -> LineReader:
     """--input PATH (or "-"), else stdin, as a LineReader (read in blocks; a pause of a pipe is seen)."""
-    if path is None or str(path) == "-":
+    if is_standard(path):
         stream = stdin.buffer if hasattr(stdin, "buffer") else io.BytesIO(stdin.read().encode())
         return LineReader(stream, "<stdin>")
     return open_lines(path)
