@@ -23,7 +23,7 @@ from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_co
 from transformer_cli.files import write_atomic
 from transformer_cli.models.builders import build_transformer
 
-from .conftest import ROOT, toy_subset
+from .conftest import ROOT, run_tcli, toy_subset
 
 TRANSLATION = {
     "data": {"max_len": 40},
@@ -624,3 +624,45 @@ def test_an_output_that_is_a_pipe_is_checked_without_opening_it(tmp_path):
     os.mkfifo(fifo)
     with fails_if_it_hangs("check_writable of a FIFO (it opened it)"):
         check_writable(fifo, "--output")
+
+
+# ----------------------------------------------------------------------------- the command line itself
+
+
+def _single_valued_options():
+    """(command, option, a value for it) for every option of every command that is not a list."""
+    import typer
+
+    from transformer_cli.cli import app
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        for param in command.params:
+            if param.param_type_name == "option" and not param.multiple and param.name != "help":
+                yield name, param.opts[0], None if param.is_flag else "1"
+
+
+@pytest.mark.parametrize("command,option,value", list(_single_valued_options()), ids=lambda v: str(v))
+def test_an_option_given_twice_is_refused_not_overridden(tmp_path, command, option, value):
+    """`--beam 4 ... --beam 5` would silently run with 5: every option that takes one value (flags too) is refused
+    when given twice, before anything is read or written; `--set` and `--checkpoints` repeat."""
+    twice = [option] * 2 if value is None else [option, value, option, value]
+    result = run_tcli(command, *twice, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: {option}") and "given twice" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_repeatable_options_still_repeat():
+    code, err = tcli("average", "--checkpoints", "a.pt", "--checkpoints", "b.pt")
+    assert code == 2 and "given twice" not in err and "--out is required" in err
+    code, err = tcli("train", "--set", "train.lr=1", "--set", "train.seed=2", "--config", "no/such.yaml")
+    assert code == 2 and "given twice" not in err
+
+
+def test_tcli_alone_shows_the_help():
+    """Not the help squeezed into one `error:` line."""
+    result = run_tcli()
+    assert result.returncode == 0 and result.stdout.startswith("Usage: "), result.stderr
+    assert "tcli [OPTIONS] COMMAND" in result.stdout and "\n  train " in result.stdout
+    assert result.stderr == ""

@@ -13,6 +13,27 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
+
+
+class OptionsOnce(TyperCommand):
+    """A command whose options are each given once: `--beam 4 ... --beam 5` is refused in one line rather than
+    read as 5 (the options that take a list, `--set` and `--checkpoints`, repeat)."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        from transformer_cli.errors import UserError
+
+        _, _, order = self.make_parser(ctx).parse_args(args=list(args))  # every option, once per time it is given
+        seen = set()
+        for param in order:
+            if param.param_type_name != "option" or getattr(param, "multiple", False):
+                continue
+            if param.name in seen:
+                names = " / ".join(param.opts + param.secondary_opts)
+                raise UserError(f"{names} is given twice; give each option once ({ctx.command_path} --help)")
+            seen.add(param.name)
+        return super().parse_args(ctx, args)
+
 
 app = typer.Typer(
     name="tcli",
@@ -161,7 +182,7 @@ def _run_dir(out: Path | None, config: Path) -> Path:
     return out if out is not None else Path("runs") / config.stem
 
 
-@app.command()
+@app.command(cls=OptionsOnce)
 @user_errors
 def train(
     config: ConfigOpt,
@@ -181,7 +202,7 @@ def train(
     train_translation(cfg, _run_dir(out, config), device=device, resume=resume_auto, quiet=quiet)
 
 
-@app.command()
+@app.command(cls=OptionsOnce)
 @user_errors
 def preprocess(
     config: ConfigOpt,
@@ -209,7 +230,7 @@ def preprocess(
         )
 
 
-@app.command()
+@app.command(cls=OptionsOnce)
 @user_errors
 def translate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a .pt file written by tcli train")],
@@ -273,7 +294,7 @@ def translate(
     run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json, inspect)
 
 
-@app.command("pretrain-bert")
+@app.command("pretrain-bert", cls=OptionsOnce)
 @user_errors
 def pretrain_bert(
     config: ConfigOpt,
@@ -295,7 +316,7 @@ def pretrain_bert(
     run(cfg, _run_dir(out, config), device=device, resume=resume_auto, quiet=quiet, init_from_hf=init_from_hf)
 
 
-@app.command()
+@app.command(cls=OptionsOnce)
 @user_errors
 def finetune(
     config: ConfigOpt,
@@ -317,7 +338,7 @@ def finetune(
     run(cfg, _run_dir(out, config), device=device, resume=_resume_flag(resume), quiet=quiet)
 
 
-@app.command()
+@app.command(cls=OptionsOnce)
 @user_errors
 def glue(
     checkpoint: Annotated[
@@ -343,7 +364,7 @@ def glue(
     print(f"GLUE score {100 * summary['score']:.1f} (written to {out / 'glue.json'} and glue.md)")
 
 
-@app.command()
+@app.command(cls=OptionsOnce)
 @user_errors
 def predict(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a fine-tuned checkpoint from tcli finetune")],
@@ -373,7 +394,7 @@ def predict(
         print(f"predicted {count:,} examples in {seconds:.1f} s (model loading included)", file=sys.stderr)
 
 
-@app.command("export-hf")
+@app.command("export-hf", cls=OptionsOnce)
 @user_errors
 def export_hf(
     checkpoint: Annotated[
@@ -397,7 +418,7 @@ def export_hf(
     )
 
 
-@app.command("count-params")
+@app.command("count-params", cls=OptionsOnce)
 @user_errors
 def count_params(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="a translation or BERT YAML config")] = None,
@@ -416,7 +437,7 @@ def count_params(
     run_count_params(config, checkpoint, preset, set_, json_)
 
 
-@app.command("fill-mask")
+@app.command("fill-mask", cls=OptionsOnce)
 @user_errors
 def fill_mask(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a BERT checkpoint from tcli pretrain-bert")],
@@ -434,7 +455,7 @@ def fill_mask(
     run_fill_mask(checkpoint, text, input, top_k, json_, device)
 
 
-@app.command()
+@app.command(cls=OptionsOnce)
 @user_errors
 def evaluate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation, BERT or fine-tuned checkpoint")],
@@ -484,7 +505,7 @@ def evaluate(
     run_evaluate(checkpoint, split, input, reference, data_dir, beam, lenpen, device, precision, json_)
 
 
-@app.command()
+@app.command(cls=OptionsOnce)
 @user_errors
 def plot(
     run_dir: Annotated[Path, typer.Argument(help="a run directory (with metrics.jsonl)")],
@@ -496,7 +517,7 @@ def plot(
     print(f"wrote {plot_run(run_dir, out)}", file=sys.stderr)
 
 
-@app.command("export-ct2")
+@app.command("export-ct2", cls=OptionsOnce)
 @user_errors
 def export_ct2(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation checkpoint from tcli train")],
@@ -516,7 +537,7 @@ def export_ct2(
     print(f"wrote {out} ({', '.join(files)})", file=sys.stderr)
 
 
-@app.command(context_settings={"allow_extra_args": True})
+@app.command(cls=OptionsOnce, context_settings={"allow_extra_args": True})
 @user_errors
 def average(
     ctx: typer.Context,
@@ -547,18 +568,26 @@ def average(
 def main() -> None:
     """Run the app; a usage mistake (unknown option, bad value) is one line and exit code 2, like every
     other user error, instead of a framed message."""
+    from transformer_cli.errors import UserError, one_line
+
     try:
         code = app(standalone_mode=False)
     except typer.Abort:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except UserError as e:  # an option given twice (OptionsOnce)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except Exception as e:  # click's (or typer's own copy of click's) usage errors
         if not (hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int)):
             raise
+        if type(e).__name__ == "NoArgsIsHelpError":  # `tcli` alone: its help, as `tcli --help` shows it
+            print(e.format_message())
+            sys.exit(0)
         message, ctx = " ".join(e.format_message().split()), getattr(e, "ctx", None)
-        if message:  # (no message: the help was shown, for a command given no arguments)
+        if message:
             where = f"; see {ctx.command_path} --help" if ctx is not None else ""
-            print(f"error: {message}{where}", file=sys.stderr)
+            print(f"error: {message.rstrip('.') if where else message}{where}", file=sys.stderr)
         sys.exit(e.exit_code)
     _finish_quietly()
     sys.exit(code if isinstance(code, int) else 0)
