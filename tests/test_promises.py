@@ -666,3 +666,21 @@ def test_tcli_alone_shows_the_help():
     assert result.returncode == 0 and result.stdout.startswith("Usage: "), result.stderr
     assert "tcli [OPTIONS] COMMAND" in result.stdout and "\n  train " in result.stdout
     assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "command,option", [(c, o) for c, o, value in _single_valued_options() if value is not None], ids=str
+)
+def test_a_file_named_with_a_final_slash_is_refused_as_the_system_would(tmp_path, command, option):
+    """`best.pt/` names a folder (`cat best.pt/`: Not a directory); a path would drop the slash and read the file."""
+    (tmp_path / "best.pt").write_bytes(b"kept")
+    result = run_tcli(command, option, "best.pt/", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: {option} 'best.pt/': not a directory")
+    assert [p.name for p in tmp_path.iterdir()] == ["best.pt"] and (tmp_path / "best.pt").read_bytes() == b"kept"
+
+
+def test_average_checks_the_checkpoints_listed_after_its_option(tmp_path):
+    (tmp_path / "a.pt").write_bytes(b"a")
+    result = run_tcli("average", "--checkpoints", "a.pt", "a.pt/", "--out", "avg.pt", cwd=tmp_path)
+    assert result.returncode == 2 and "'a.pt/': not a directory" in result.stderr

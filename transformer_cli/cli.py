@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,13 +18,18 @@ from typer.core import TyperCommand
 
 
 class OptionsOnce(TyperCommand):
-    """A command whose options are each given once: `--beam 4 ... --beam 5` is refused in one line rather than
-    read as 5 (the options that take a list, `--set` and `--checkpoints`, repeat)."""
+    """A command line read as the user wrote it, before the values become paths and numbers:
+
+    - each option is given once: `--beam 4 ... --beam 5` is refused in one line rather than read as 5 (the options
+      that take a list, `--set` and `--checkpoints`, repeat);
+    - a value ending in `/` names a folder, as the system reads it: `--checkpoint best.pt/` is refused like
+      `cat best.pt/` ("Not a directory"), not read as best.pt (a path drops its trailing slash).
+    """
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         from transformer_cli.errors import UserError
 
-        _, _, order = self.make_parser(ctx).parse_args(args=list(args))  # every option, once per time it is given
+        values, extra, order = self.make_parser(ctx).parse_args(args=list(args))  # order: each option as given
         seen = set()
         for param in order:
             if param.param_type_name != "option" or getattr(param, "multiple", False):
@@ -32,6 +38,12 @@ class OptionsOnce(TyperCommand):
                 names = " / ".join(param.opts + param.secondary_opts)
                 raise UserError(f"{names} is given twice; give each option once ({ctx.command_path} --help)")
             seen.add(param.name)
+        given = [(param.opts[0], values.get(param.name)) for param in self.params if param.param_type_name == "option"]
+        for option, raw in [*given, ("argument", extra)]:
+            for value in raw if isinstance(raw, list | tuple) else [raw]:
+                if isinstance(value, str) and value.endswith("/") and os.path.lexists(value.rstrip("/") or "/"):
+                    if not os.path.isdir(value):
+                        raise UserError(f"{option} {value!r}: not a directory; a file is named without the final '/'")
         return super().parse_args(ctx, args)
 
 
