@@ -19,9 +19,13 @@ from .conftest import TOY, run_tcli, tcli, toy_subset
 MODEL = {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1, "max_positions": 64}
 
 
-def write_checkpoint(path: Path, vocab, seed: int, step: int, **model) -> Path:
+def write_checkpoint(path: Path, vocab, seed: int, step: int, data=None, train=None, **model) -> Path:
     """A checkpoint in the trainer's layout, with weights from a seeded initialisation."""
-    raw = {"data": {"max_len": 40}, "train": {"max_steps": 1}, "model": {**MODEL, **model}}
+    raw = {
+        "data": {"max_len": 40, **(data or {})},
+        "train": {"max_steps": 1, **(train or {})},
+        "model": {**MODEL, **model},
+    }
     cfg = build_config(TranslationRunConfig, raw, "test")
     torch.manual_seed(seed)
     weights = build_transformer(cfg.model, len(vocab), len(vocab)).state_dict()
@@ -113,6 +117,7 @@ def test_run_last_n_takes_the_newest_steps_by_number(tmp_path, vocab):
         ({"d_model": 32}, "model.d_model is 16 in one and 32 in the other"),
         ({"norm": "pre"}, "model.norm is post in one and pre in the other"),
         ("kind", "one holds a translation model, the other a bert model"),
+        ("direction", "one translates src->tgt, the other tgt->src"),
     ],
 )
 def test_mismatched_checkpoints_are_refused_in_one_line(tmp_path, vocab, change, message):
@@ -122,12 +127,23 @@ def test_mismatched_checkpoints_are_refused_in_one_line(tmp_path, vocab, change,
         b = write_checkpoint(tmp_path / "b.pt", other, seed=2, step=2)
     elif change == "kind":
         b = write_bert_checkpoint(tmp_path / "b.pt")
+    elif change == "direction":  # the same vocabulary (joint) and sizes, trained the other way round
+        b = write_checkpoint(tmp_path / "b.pt", vocab, seed=2, step=2, data={"src_lang": "tgt", "tgt_lang": "src"})
     else:
         b = write_checkpoint(tmp_path / "b.pt", vocab, seed=2, step=2, **change)
     code, err = tcli("average", "--checkpoints", str(a), str(b), "--out", str(tmp_path / "avg.pt"))
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert message in err and str(a) in err and str(b) in err, err
     assert not (tmp_path / "avg.pt").exists()
+
+
+def test_checkpoints_of_two_runs_are_averaged_with_a_warning(tmp_path, vocab):
+    """Same shapes, another train.seed: a valid average, but rarely a good model; stderr says so."""
+    a = write_checkpoint(tmp_path / "a.pt", vocab, seed=1, step=1)
+    b = write_checkpoint(tmp_path / "b.pt", vocab, seed=2, step=2, train={"seed": 7})
+    code, err = tcli("average", "--checkpoints", str(a), str(b), "--out", str(tmp_path / "avg.pt"))
+    assert code == 0 and (tmp_path / "avg.pt").is_file(), err
+    assert f"warning: {b} was trained with another train.seed than {a}" in err
 
 
 @pytest.mark.parametrize(

@@ -254,6 +254,30 @@ def test_resume_from_a_checkpoint_that_is_not_a_training_state_is_one_line(world
     assert snapshot(run) == before
 
 
+@pytest.mark.parametrize(
+    "entry", ["metrics.jsonl", "config.yaml", "vocab/bert.model", "vocab/vocab.json", "checkpoints/step_1.pt", "tb"]
+)
+def test_a_run_whose_own_file_became_a_folder_is_refused_before_any_write(world, tmp_path, entry):
+    """A resume refused for `metrics.jsonl` being a folder had already marked the run "running" and written the new
+    max_steps into config.yaml, so the next plain resume ran its end again. The run's own names are checked first."""
+    run = tmp_path / "run"
+    shutil.copytree(world["bert_run"], run)
+    path = run / entry
+    if path.is_dir():
+        shutil.rmtree(path)
+        path.write_text("not a folder")
+    else:
+        path.unlink(missing_ok=True)
+        path.mkdir()
+    before = snapshot(run)
+    code, err = tcli(
+        "pretrain-bert", "--config", world["bert_yaml"], "--out", run, "--resume", "auto", "--set", "train.max_steps=4"
+    )
+    one_line_error(code, err)
+    assert str(path) in err and "move it away" in err
+    assert snapshot(run) == before
+
+
 # ----------------------------------------------------------------------------- 4. names over 255 bytes
 
 
@@ -594,14 +618,21 @@ def test_evaluate_lenpen_is_bounded_like_translates(world, tmp_path):
         assert code == 2 and "'--lenpen'" in err and "less than or equal to 10" in err, err  # main() makes it one line
 
 
-def test_exports_and_preprocessing_never_write_into_a_runs_own_folders(world, tmp_path):
+def test_exports_and_preprocessing_never_write_into_a_runs_own_folders(world, tmp_path, monkeypatch):
     """--force or not: export-hf into a run's vocab/ deleted its vocab.json; preprocess into its data/ replaced
-    the arrays a resume reads. The run folder and its vocab/, data/, checkpoints/, tb/ are refused."""
+    the arrays a resume reads. The run folder and its vocab/, data/, checkpoints/, tb/ are refused, however they
+    are named (`.` inside one, a link to one) and at any depth below them."""
     run = tmp_path / "run"
     shutil.copytree(world["bert_run"], run)
+    (tmp_path / "link").symlink_to(run / "vocab")
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
-    for out in (run, run / "vocab", run / "checkpoints"):
+    for out in (run, run / "vocab", run / "checkpoints", run / "tb" / "x", tmp_path / "link", run / "vocab" / ".."):
         code, err = tcli("export-hf", "--checkpoint", world["bert_ckpt"], "--out", out, "--force")
+        one_line_error(code, err)
+        assert "the run's own" in err
+    monkeypatch.chdir(run / "checkpoints")
+    for command in (["export-hf", "--checkpoint", world["bert_ckpt"]], ["preprocess", "--config", world["bert_yaml"]]):
+        code, err = tcli(*command, "--out", ".", "--force")
         one_line_error(code, err)
         assert "the run's own" in err
     code, err = tcli("preprocess", "--config", world["bert_yaml"], "--out", run / "data", "--force", "--quiet")
@@ -678,6 +709,36 @@ def test_a_file_named_with_a_final_slash_is_refused_as_the_system_would(tmp_path
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"error: {option} 'best.pt/': not a directory")
     assert [p.name for p in tmp_path.iterdir()] == ["best.pt"] and (tmp_path / "best.pt").read_bytes() == b"kept"
+
+
+def _file_outputs():
+    import typer
+
+    from transformer_cli.cli import app
+
+    for name, command in typer.main.get_command(app).commands.items():
+        for param in command.params:
+            if param.param_type_name == "option" and param.metavar == "FILE":
+                yield name, param.opts[0]
+
+
+def test_every_file_output_is_declared_so():
+    """The options that name a file to write are the ones a new name ending in '/' is refused for."""
+    assert sorted(_file_outputs()) == [
+        ("average", "--out"),
+        ("plot", "--out"),
+        ("predict", "--output"),
+        ("translate", "--output"),
+        ("translate", "--stats-json"),
+    ]
+
+
+@pytest.mark.parametrize("command,option", list(_file_outputs()), ids=str)
+def test_a_new_file_to_write_named_with_a_final_slash_is_refused(tmp_path, command, option):
+    """`--output out/` wrote a file named `out`; the system refuses `open("out/", "w")`."""
+    result = run_tcli(command, option, "out/", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {option} 'out/': not a directory")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_average_checks_the_checkpoints_listed_after_its_option(tmp_path):

@@ -209,8 +209,13 @@ def test_an_atomic_write_never_replaces_a_fifo_device_or_folder(tmp_path):
     for path, what in ((fifo, "a device, FIFO or socket"), (folder, "a folder")):
         with pytest.raises(UserError, match=f"is {what}, not a file"):
             write_atomic(b"x", path)
+    for name, target in (("to_fifo", fifo), ("to_folder", folder), ("to_device", Path("/dev/null"))):
+        (tmp_path / name).symlink_to(target)  # `plot --out /dev/stdout` as root replaced the link /dev/stdout
+        with pytest.raises(UserError, match="is a link to (a device, FIFO or socket|a folder), not a file"):
+            write_atomic(b"x", tmp_path / name)
+        assert (tmp_path / name).is_symlink()
     assert fifo.is_fifo() and folder.is_dir()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "folder"]  # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "folder", "to_device", "to_fifo", "to_folder"]
     target, link = tmp_path / "target", tmp_path / "link"
     target.write_bytes(b"kept")
     link.symlink_to(target)

@@ -23,7 +23,8 @@ class OptionsOnce(TyperCommand):
     - each option is given once: `--beam 4 ... --beam 5` is refused in one line rather than read as 5 (the options
       that take a list, `--set` and `--checkpoints`, repeat);
     - a value ending in `/` names a folder, as the system reads it: `--checkpoint best.pt/` is refused like
-      `cat best.pt/` ("Not a directory"), not read as best.pt (a path drops its trailing slash).
+      `cat best.pt/` ("Not a directory"), not read as best.pt (a path drops its trailing slash), and so is a new
+      file to write (`--output out/`, an option whose metavar is FILE).
     """
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
@@ -38,12 +39,15 @@ class OptionsOnce(TyperCommand):
                 names = " / ".join(param.opts + param.secondary_opts)
                 raise UserError(f"{names} is given twice; give each option once ({ctx.command_path} --help)")
             seen.add(param.name)
-        given = [(param.opts[0], values.get(param.name)) for param in self.params if param.param_type_name == "option"]
+        options = [param for param in self.params if param.param_type_name == "option"]
+        given = [(param.opts[0], values.get(param.name)) for param in options]
+        files = {param.opts[0] for param in options if param.metavar == "FILE"}  # a file to write: it may be new
         for option, raw in [*given, ("argument", extra)]:
             for value in raw if isinstance(raw, list | tuple) else [raw]:
-                if isinstance(value, str) and value.endswith("/") and os.path.lexists(value.rstrip("/") or "/"):
-                    if not os.path.isdir(value):
-                        raise UserError(f"{option} {value!r}: not a directory; a file is named without the final '/'")
+                if not (isinstance(value, str) and value.endswith("/")) or os.path.isdir(value):
+                    continue
+                if option in files or os.path.lexists(value.rstrip("/") or "/"):
+                    raise UserError(f"{option} {value!r}: not a directory; a file is named without the final '/'")
         return super().parse_args(ctx, args)
 
 
@@ -247,7 +251,9 @@ def preprocess(
 def translate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a .pt file written by tcli train")],
     input: Annotated[Path | None, typer.Option("--input", "-i", help="one sentence per line (default stdin)")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default or -: stdout)")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", metavar="FILE", help="write here (default or -: stdout)")
+    ] = None,
     beam: Annotated[int, typer.Option("--beam", min=1, max=256, help="beam size; 1 is greedy")] = 5,
     lenpen: Annotated[float, typer.Option("--lenpen", min=0.0, max=10.0, help="rank by score / length**lenpen")] = 1.0,
     max_len_a: Annotated[
@@ -263,7 +269,9 @@ def translate(
     reference: Annotated[Path | None, typer.Option("--reference", help="print sacreBLEU and chrF against it")] = None,
     device: DeviceOpt = "auto",
     precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "auto",
-    stats_json: Annotated[Path | None, typer.Option("--stats-json", help="write speed statistics as JSON")] = None,
+    stats_json: Annotated[
+        Path | None, typer.Option("--stats-json", metavar="FILE", help="write speed statistics as JSON")
+    ] = None,
     quiet: QuietOpt = False,
     attention: Annotated[
         Path | None,
@@ -384,7 +392,9 @@ def predict(
         Path | None,
         typer.Option("--input", "-i", help=".tsv/.csv/.jsonl (the training columns), .conll, or plain lines (stdin)"),
     ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write here (default or -: stdout)")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", metavar="FILE", help="write here (default or -: stdout)")
+    ] = None,
     device: DeviceOpt = "auto",
     precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "fp32",
 ) -> None:
@@ -521,7 +531,9 @@ def evaluate(
 @user_errors
 def plot(
     run_dir: Annotated[Path, typer.Argument(help="a run directory (with metrics.jsonl)")],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG to write (default RUN_DIR/curves.png)")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", metavar="FILE", help="PNG to write (default RUN_DIR/curves.png)")
+    ] = None,
 ) -> None:
     """Plot a run's curves (loss, BLEU or MLM accuracy, learning rate, tokens/s) from metrics.jsonl."""
     from transformer_cli.plot import plot_run
@@ -559,7 +571,9 @@ def average(
     ] = None,
     run: Annotated[Path | None, typer.Option("--run", help="a run directory: average its newest step files")] = None,
     last: Annotated[int | None, typer.Option("--last", min=2, help="with --run: how many step_<N>.pt")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="the averaged checkpoint to write (.pt)")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", metavar="FILE", help="the averaged checkpoint to write (.pt)")
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
 ) -> None:
     """Average the weights of several checkpoints of one model into a new checkpoint."""

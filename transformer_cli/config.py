@@ -163,7 +163,9 @@ class VocabConfig(Section):
     size: int = Field(8000, ge=16, le=1_000_000, description="target vocabulary size (an upper bound)")
     type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
     joint: StrictBool = Field(True, description="one vocabulary for source and target (needed to share embeddings)")
-    character_coverage: float = Field(1.0, gt=0.0, le=1.0, description="share of characters covered")
+    character_coverage: float = Field(
+        1.0, ge=0.98, le=1.0, description="share of characters covered (sentencepiece accepts 0.98 to 1)"
+    )
     max_sentences: int = Field(
         1_000_000,
         ge=1,

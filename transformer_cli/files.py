@@ -97,13 +97,45 @@ RUN_PARTS = ("vocab", "data", "checkpoints", "tb")  # the folders a run writes i
 def check_not_a_run_part(out: Path, option: str = "--out") -> None:
     """A folder a tcli run owns (the run folder itself, or its vocab/, data/, checkpoints/, tb/) is no output
     folder for an export or a preprocessing, --force or not: its files would replace or delete the run's own
-    (export-hf --force into a run's vocab/ deleted its vocab.json)."""
-    run = out if (out / RUN_MARKER).is_file() else out.parent if out.name in RUN_PARTS else None
-    if run is not None and (run / RUN_MARKER).is_file():
+    (export-hf --force into a run's vocab/ deleted its vocab.json).
+
+    The folder is compared as the system finds it (`--out .` inside one, a link to one) and at any depth
+    under vocab/, data/, checkpoints/ and tb/; other folders of a run (runs/bert/hf) are fine."""
+    try:
+        real = out.resolve()
+    except (OSError, RuntimeError):  # a link loop: no run's folder, and the write says what it is
+        return
+    if (real / RUN_MARKER).is_file():
         raise UserError(
-            f"{option} {out} is {'a tcli run folder' if run == out else f'the {out.name}/ folder of the run {run}'}: "
-            f"its files are the run's own; write to a folder of its own (e.g. {run / 'export'})"
+            f"{option} {out} is a tcli run folder: its files are the run's own; write to a folder of its own "
+            f"(e.g. {out / 'export'})"
         )
+    for part in [real, *real.parents]:
+        if part.name in RUN_PARTS and (part.parent / RUN_MARKER).is_file():
+            raise UserError(
+                f"{option} {out} is {'' if part == real else 'inside '}the {part.name}/ folder of the run "
+                f"{part.parent}: its files are the run's own; write to a folder of its own "
+                f"(e.g. {part.parent / 'export'})"
+            )
+
+
+def check_replaceable(path: Path) -> None:
+    """A one-line error unless a rename may put a file at `path`: nothing there, a regular file, or a link to one
+    or to nothing (the link itself is replaced); not a folder, a device (/dev/null), a FIFO, a socket or a link
+    to one of those (/dev/stdout)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return
+    link = ""
+    if stat.S_ISLNK(mode):
+        try:
+            mode, link = os.stat(path).st_mode, "a link to "
+        except OSError:  # dangling, or a loop: nothing behind it to protect
+            return
+    if not stat.S_ISREG(mode):
+        what = "a folder" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
+        raise UserError(f"{path} is {link}{what}, not a file; give a file path to write")
 
 
 def write_atomic(data: bytes, path: Path) -> None:
@@ -112,16 +144,10 @@ def write_atomic(data: bytes, path: Path) -> None:
     A failed write (a full disk) removes its temporary file, leaves the old file as it was, and is a
     one-line error that says what to do. An interrupt (Ctrl-C, or SIGTERM as the CLI raises it) removes
     the temporary file too; only SIGKILL leaves one, which `remove_stale_temporaries` deletes later.
-    Only a regular file (or a link, itself replaced) is replaced: the rename would put the file in the place
-    of a device (/dev/null), a FIFO or a socket.
+    Only a regular file (or a link, itself replaced, to a file or to nothing) is replaced: the rename would put
+    the file in the place of a device (/dev/null), a FIFO or a socket, or of a link to one (/dev/stdout).
     """
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        mode = None
-    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-        what = "a folder" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
-        raise UserError(f"{path} is {what}, not a file; give a file path to write")
+    check_replaceable(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -18,6 +18,7 @@ import numpy as np
 from transformer_cli import task_metrics
 from transformer_cli.attention_plot import image_format, save_figure
 from transformer_cli.errors import UserError
+from transformer_cli.files import check_replaceable
 from transformer_cli.metrics_file import read_metrics
 
 # (row title, [(event, key, label)]): the first series of a row that the log has decides its presence.
@@ -105,6 +106,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     out = out if out is not None else run_dir / "curves.png"
     if str(out) == "-" or out.is_dir() or not out.parent.is_dir():
         raise UserError(f"--out {out}: give a file in an existing folder")
+    check_replaceable(out)  # before drawing, not after
     image_format(out, "--out")
     events = read_events(run_dir)
     known_steps, known_seconds = wall_clock(events)

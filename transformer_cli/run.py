@@ -110,6 +110,7 @@ class RunDirectory:
                 raise UserError(
                     f"{self.path} holds a {marker.get('kind')} run, not a {self.kind} run; choose another --out"
                 )
+            self._check_own_entries()
             return
         legacy = "checkpoints" in entries or "metrics.jsonl" in entries
         foreign = sorted(entries - OWN_ENTRIES)
@@ -125,6 +126,22 @@ class RunDirectory:
             found = read_checkpoint(self.ckpt_dir / "last.pt").kind
             if found != self.kind:
                 raise UserError(f"{self.path} holds a {found} run, not a {self.kind} run; choose another --out")
+
+    def _check_own_entries(self) -> None:
+        """The run's own names hold what the run writes there (a file, or a folder), checked before any write: a
+        `metrics.jsonl` that had become a folder refused the resume only after run.json and config.yaml changed."""
+        files = [self.path / name for name in (MARKER, LOCK, "config.yaml", "metrics.jsonl")]
+        for folder in ("vocab", "checkpoints"):
+            if (self.path / folder).is_dir():
+                files += [p for p in (self.path / folder).iterdir() if not p.name.startswith(".")]
+        for path in files:
+            if os.path.lexists(path) and not path.is_file():
+                what = "a folder" if path.is_dir() else "no regular file"
+                raise UserError(f"{path} is {what}, where the run keeps a file; move it away, then run again")
+        for name in RUN_PARTS:
+            path = self.path / name
+            if os.path.lexists(path) and not path.is_dir():
+                raise UserError(f"{path} is not a folder, where the run keeps one; move it away, then run again")
 
     # -- what the directory holds
 

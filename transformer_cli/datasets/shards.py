@@ -266,7 +266,9 @@ def _vocab_size(path: Path) -> int:
     import sentencepiece as spm
 
     try:
-        return spm.SentencePieceProcessor(model_file=str(path)).get_piece_size()
+        return spm.SentencePieceProcessor(model_proto=path.read_bytes()).get_piece_size()  # any path's bytes
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     except Exception:  # sentencepiece raises RuntimeError (or OSError) for bytes it cannot parse
         raise UserError(f"{path} is not a sentencepiece model; run tcli preprocess again") from None
 

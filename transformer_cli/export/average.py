@@ -9,6 +9,7 @@ The result is a checkpoint like any other (config, vocabulary, tcli metadata) wi
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     for path in paths[1:]:
         ckpt = read_checkpoint(path)
         check_compatible(first, ckpt)
+        if (other := other_run(first, ckpt)) is not None:
+            print(f"warning: {other}: the mean of two runs' weights is rarely a good model", file=sys.stderr)
         for name, t in _fp32_weights(ckpt).items():
             total[name] += t
         steps.append(_step(ckpt))
@@ -89,6 +92,22 @@ def check_compatible(a: Checkpoint, b: Checkpoint) -> None:
         raise UserError(f"cannot average {where}: model.{k} is {ours[k]} in one and {theirs.get(k)} in the other")
     if a.state.get("vocab") != b.state.get("vocab"):
         raise UserError(f"cannot average {where}: they were trained with different vocabularies")
+    if a.kind == "translation":
+        ours, theirs = (f"{c.cfg.data.src_lang}->{c.cfg.data.tgt_lang}" for c in (a, b))
+        if ours != theirs:
+            raise UserError(f"cannot average {where}: one translates {ours}, the other {theirs}")
+
+
+def other_run(a: Checkpoint, b: Checkpoint) -> str | None:
+    """What says that b comes from another training run than a (its seed, its training data), or None: the mean
+    of independently trained weights is a worse model than either, though it has the same shapes."""
+    for what, ours, theirs in (
+        ("train.seed", a.cfg.train.seed, b.cfg.train.seed),
+        ("training data", a.state.get("data_fingerprint"), b.state.get("data_fingerprint")),
+    ):
+        if ours != theirs:
+            return f"{b.path} was trained with another {what} than {a.path}"
+    return None
 
 
 def _check_same_task(a: Checkpoint, b: Checkpoint, where: str) -> None:
