@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -324,6 +325,19 @@ def test_a_name_over_255_bytes_is_one_line_for_every_command_and_path(world, tmp
         assert code == 2 and "Traceback" not in err, (case[:2], err)
         assert "255" in err or "too long" in err, (case[:2], err)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written anywhere
+
+
+def test_a_run_folder_whose_name_is_not_utf8_is_refused_before_any_write(world, tmp_path):
+    """TensorBoard writes text paths only: `--out bad<0xff>name` trained the vocabulary, tokenised the data and then
+    failed (first with a wrong "not a sentencepiece model"). Refused first; preprocessing there works."""
+    folder = tmp_path / os.fsdecode(b"bad\xffname")
+    for command, config in (("train", "tr_yaml"), ("pretrain-bert", "bert_yaml")):
+        code, err = tcli(command, "--config", world[config], "--out", folder / "run", "--quiet")
+        one_line_error(code, err)
+        assert "not UTF-8" in err
+    assert list(tmp_path.iterdir()) == []
+    code, err = tcli("preprocess", "--config", world["tr_yaml"], "--out", folder / "pre", "--quiet")
+    assert code == 0, err
 
 
 # ----------------------------------------------------------------------------- 5. plot

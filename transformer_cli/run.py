@@ -99,6 +99,13 @@ class RunDirectory:
         self._lock_fd = None
 
     def _guard(self) -> None:
+        try:
+            str(self.path.absolute()).encode("utf-8")
+        except UnicodeEncodeError:  # TensorBoard's writer takes text paths only
+            raise UserError(
+                f"--out {self.path!s}: the path holds bytes that are not UTF-8, where TensorBoard cannot write; "
+                "choose a name in UTF-8"
+            ) from None
         if not self.path.exists():
             return
         if not self.path.is_dir():
