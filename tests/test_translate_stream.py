@@ -281,3 +281,25 @@ def test_errors_name_the_line_and_come_in_one_line(checkpoint, tmp_path, monkeyp
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [f"error: --reference {reference} has 2 lines but the input has 3"]
     assert len(result.stdout.splitlines()) == 3
+
+
+def test_an_output_that_is_the_file_stdout_writes_to_is_refused(tmp_path, monkeypatch):
+    """`translate --stats-json /dev/stdout > out.txt` reopened out.txt with truncation and lost the translations.
+    Where the results go to stdout, another output naming stdout's file (by any name) is refused before any work;
+    a terminal or pipe behind stdout, or the results going to a file, is fine."""
+    from transformer_cli.errors import UserError
+    from transformer_cli.streams import check_outputs
+
+    out = tmp_path / "out.txt"
+    with open(out, "w") as redirected:
+        monkeypatch.setattr(sys, "stdout", redirected)
+        for name in (out, Path(f"/proc/self/fd/{redirected.fileno()}")):  # (/dev/stdout: fd 1, pytest's here)
+            with pytest.raises(UserError, match="--stats-json .* is the file standard output writes to"):
+                check_outputs([("--output", None), ("--stats-json", name)], [])
+        check_outputs([("--output", tmp_path / "t.txt"), ("--stats-json", out)], [])
+        check_outputs([("--output", None), ("--stats-json", tmp_path / "stats.json")], [])
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as pipe:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        check_outputs([("--output", None), ("--stats-json", Path(f"/proc/self/fd/{write}"))], [])
+    os.close(read)

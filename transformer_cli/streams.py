@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
@@ -80,6 +81,24 @@ def check_outputs(outputs: Sequence[tuple[str, Path | None]], inputs: Sequence[t
     check_distinct(outputs, inputs)  # first: the more telling message where an output names the checkpoint
     for option, path in outputs:
         check_writable(path, option)
+    (main, main_path), *others = outputs
+    if is_standard(main_path):  # the results go to stdout: another output that is stdout's file would truncate it
+        for option, path in others:
+            if path is not None and _is_stdout_file(path):
+                raise UserError(
+                    f"{option} {path} is the file standard output writes to, where the results go without {main}: "
+                    f"opening it would empty that file; give {option} another path"
+                )
+
+
+def _is_stdout_file(path: Path) -> bool:
+    """Whether `path` names the regular file this process's standard output was redirected to (`/dev/stdout`,
+    or the file itself, with `> out.txt`)."""
+    try:
+        ours = os.fstat(sys.stdout.fileno())
+        return stat.S_ISREG(ours.st_mode) and os.path.samestat(ours, os.stat(path))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no file behind stdout (a test's buffer)
+        return False
 
 
 def first_chunk(output: Path | None, first: int, most: int) -> int:
