@@ -216,6 +216,11 @@ def test_an_atomic_write_never_replaces_a_fifo_device_or_folder(tmp_path):
         assert (tmp_path / name).is_symlink()
     assert fifo.is_fifo() and folder.is_dir()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "folder", "to_device", "to_fifo", "to_folder"]
+    for system in ("/dev/stdout", "/dev/null", "/dev/tcli-new", "/proc/self/fd/1", "/sys/tcli"):
+        # /dev/stdout is a link to stdout's file when that is one: the rename would replace the system's link
+        with pytest.raises(UserError, match="a folder of the system, not a file to write"):
+            write_atomic(b"x", Path(system))
+    assert not os.path.exists("/dev/tcli-new")
     target, link = tmp_path / "target", tmp_path / "link"
     target.write_bytes(b"kept")
     link.symlink_to(target)

@@ -122,7 +122,11 @@ def check_not_a_run_part(out: Path, option: str = "--out") -> None:
 def check_replaceable(path: Path) -> None:
     """A one-line error unless a rename may put a file at `path`: nothing there, a regular file, or a link to one
     or to nothing (the link itself is replaced); not a folder, a device (/dev/null), a FIFO, a socket or a link
-    to one of those (/dev/stdout)."""
+    to one of those (/dev/stdout); nothing in /dev, /proc or /sys, whatever it names (/dev/stdout, when stdout
+    is a file, is a link to that file: the rename would replace the system's link)."""
+    system = os.path.realpath(path.parent if str(path.parent) else ".")
+    if any(system == top or system.startswith(top + "/") for top in ("/dev", "/proc", "/sys")):
+        raise UserError(f"{path} is in {system}, a folder of the system, not a file to write; give another path")
     try:
         mode = os.lstat(path).st_mode
     except OSError:
