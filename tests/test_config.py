@@ -258,6 +258,11 @@ def test_translation_splits_must_differ_and_have_names(overrides, expected):
         # tagging reads CoNLL: no columns
         (["task.kind=tagging", "data.pair=foo"], r"data\.pair names a table column, but tagging reads CoNLL"),
         (["task.kind=tagging", "data.label=tag"], r"data\.label names a table column"),
+        # one column in two roles: the label leaked into the input (dev score 1.0 on random labels)
+        (["data.pair=label"], r"data\.pair and data\.label both name the column 'label'"),
+        (["data.text=label"], r"data\.text and data\.label both name the column 'label'"),
+        (["data.pair=sentence"], r"data\.text and data\.pair both name the column 'sentence'"),
+        (["task.kind=regression", "data.label=s", "data.text=s"], r"data\.text and data\.label both name"),
     ],
 )
 def test_finetune_keys_that_would_be_ignored_or_crash_are_config_errors(overrides, expected):

@@ -93,11 +93,17 @@ def test_tsv_empty_text_and_missing_label(tmp_path):
     assert len(read_table(p, "text", None, None, "classification")) == 2
 
 
-@pytest.mark.parametrize("value", ["high", "nan", "inf", "-inf"])
+@pytest.mark.parametrize("value", ["high", "nan", "inf", "-inf", "1_0", "\uff15", "0x10", "1e999", "--1", "1.2.3"])
 def test_regression_label_must_be_a_finite_float(tmp_path, value):
     p = write(tmp_path / "a.tsv", f"text\tscore\na\t1.0\nb\t{value}\n")
     message = one_line_error(read_table, p, "text", None, "score", "regression", match="not a finite number")
     assert message.startswith(f"{p}:3: ")
+
+
+def test_regression_labels_as_numbers_are_written(tmp_path):
+    values = ["3", "-2.5", "+.5", "1e-3", "4.", "2E+2", " 7 "]
+    p = write(tmp_path / "a.tsv", "text\tscore\n" + "".join(f"t\t{v}\n" for v in values))
+    assert [e.label for e in read_table(p, "text", None, "score", "regression")] == [3, -2.5, 0.5, 1e-3, 4, 200, 7]
 
 
 def test_missing_column_names_the_columns_there_are(tmp_path):
@@ -141,6 +147,21 @@ def test_csv_quoting_and_embedded_newline_report_the_starting_line(tmp_path):
     assert one_line_error(read_table, p, "text", None, "label", "classification", match="3 fields").startswith(
         f"{p}:2: "
     )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        'x,a\n"stray quote,b\ny,a\nz,"b\n',  # a quote left open swallowed the rows after it
+        'x,a\n"quoted"tail,b\n',  # text after a closing quote
+        'x,a\n"open until the end,b\ny,a\n',
+    ],
+)
+def test_a_stray_csv_quote_is_one_line_not_rows_merged(tmp_path, body):
+    """Python's lenient csv reader read these as fewer rows holding other rows' text and labels, in silence."""
+    p = write(tmp_path / "a.csv", "text,label\n" + body)
+    message = one_line_error(read_table, p, "text", None, "label", "classification", match="not valid CSV")
+    assert message.startswith(f"{p}:") and "quoting" in message
 
 
 def test_csv_bom_and_crlf(tmp_path):

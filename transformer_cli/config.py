@@ -707,6 +707,14 @@ class FinetuneRunConfig(Section):
                     f"data.{key} names a table column, but tagging reads CoNLL files (a word and its tag per "
                     "line); remove it"
                 )
+        else:  # one column in two roles: the label read as input (the model learns to copy it), or a text twice
+            columns = [("text", d.text), ("pair", d.pair), ("label", d.label)]
+            for i, (key, column) in enumerate(columns):
+                other = next((k for k, c in columns[i + 1 :] if c is not None and c == column), None)
+                if column is not None and other is not None:
+                    raise ValueError(
+                        f"data.{key} and data.{other} both name the column {column!r}; each role needs its own column"
+                    )
         _check_metrics(self.task)
         _check_train(self.train)
 

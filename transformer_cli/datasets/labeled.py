@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -399,7 +400,7 @@ def _read_tsv(
 
 def _read_csv(path: Path, text: str, pair: str | None, label: str | None, kind: str) -> list[TextExample]:
     def rows() -> Iterator[tuple[int, list[str]]]:
-        reader = csv.reader(io.StringIO(_decode(path), newline=""))
+        reader = csv.reader(io.StringIO(_decode(path), newline=""), strict=True)  # a stray quote is an error
         start = 1
         try:
             for row in reader:
@@ -481,6 +482,9 @@ def _text(path: Path, line: int, value: object, what: str) -> str:
     return value
 
 
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)  # a number as written in data
+
+
 def _label(path: Path, line: int, value: object, kind: str) -> str | float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise UserError(f"{path}:{line}: missing label; give every example a label (or read the file without labels)")
@@ -491,6 +495,8 @@ def _label(path: Path, line: int, value: object, kind: str) -> str | float:
     try:
         if isinstance(value, bool):
             raise TypeError
+        if isinstance(value, str) and not _DECIMAL.fullmatch(value.strip()):
+            raise ValueError  # float() also reads "1_0" as 10 and full-width digits
         number = float(value.strip() if isinstance(value, str) else value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         number = math.nan
