@@ -260,6 +260,29 @@ def test_predict_refuses_a_pretraining_checkpoint_and_an_empty_line(tmp_path, ti
     assert result.exit_code == 2 and "<stdin>:2: empty line" in result.output
 
 
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("max_seq_len", 0),  # crashed the packing (pop from an empty list)
+        ("max_seq_len", -5),
+        ("max_seq_len", 10**9),  # beyond the encoder's positions: crashed its embedding
+        ("max_seq_len", "128"),
+        ("vocab_size", "abc"),
+        ("vocab_size", 3),
+        ("classifier_dropout", 2.0),
+        ("classifier_dropout", None),
+    ],
+)
+def test_damaged_fine_tuning_numbers_are_one_line(tmp_path, finetuned, key, value):
+    state = torch.load(finetuned / "checkpoints" / "best.pt", weights_only=True)
+    state["finetune"][key] = value
+    damaged = tmp_path / "damaged.pt"
+    torch.save(state, damaged)
+    for command in (["predict", "--checkpoint", str(damaged)], ["count-params", "--checkpoint", str(damaged)]):
+        result = CliRunner().invoke(app, command, input="a cat sat " * 50 + "\n")
+        assert result.exit_code == 2 and f"the stored {key}" in result.output, result.output
+
+
 def test_predict_never_writes_over_what_it_reads_nor_an_output_it_cannot_replace(tmp_path, finetuned, sst):
     """--output naming the checkpoint or the input (a link to it too) is refused before any work; a predict that
     fails before its first line leaves an existing --output as it was; an empty input gives an empty file; a

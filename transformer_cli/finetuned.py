@@ -65,15 +65,23 @@ class FinetuneMeta:
 
         encoder = build_config(BertModelConfig, state.get("encoder") or {}, f"the encoder config stored in {source}")
         tokenizer = BertTokenizer.from_state(state.get("tokenizer"), source)
-        return cls(
-            state["kind"],
-            labels,
-            encoder,
-            int(state.get("vocab_size", len(tokenizer))),
-            tokenizer,
-            int(state.get("max_seq_len", 128)),
-            float(state.get("classifier_dropout", 0.1)),
+        vocab_size = _stored(state, "vocab_size", len(tokenizer), int, len(tokenizer), 10**8, source)
+        max_seq_len = _stored(state, "max_seq_len", 128, int, 8, encoder.max_positions, source)
+        dropout = _stored(state, "classifier_dropout", 0.1, float, 0.0, 0.999, source)
+        return cls(state["kind"], labels, encoder, vocab_size, tokenizer, max_seq_len, dropout)
+
+
+def _stored(state: dict, key: str, default: Any, kind: type, low: float, high: float, source: str) -> Any:
+    """A number of the fine-tuning metadata, of its type and inside its bounds (max_seq_len 0 crashed the packing,
+    one above the encoder's positions its embedding); one line naming the key otherwise."""
+    value = state.get(key, default)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and (kind is float or isinstance(value, int))
+    if not ok or not (low <= value <= high):
+        raise UserError(
+            f"{source}: the stored {key} ({value!r}) is damaged: it should be a number from {low:g} to {high:g}; "
+            "use another checkpoint"
         )
+    return kind(value)
 
 
 def build_classifier(meta: FinetuneMeta) -> nn.Module:
