@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from transformer_cli.cli import app
 
-from .conftest import ROOT, run_killed, run_tcli
+from .conftest import ROOT, run_killed, run_tcli, run_tcli_process
 
 POSITIVE = "the cat sat on a mat with friend".split()
 NEGATIVE = "dog ran to house in garden and".split()
@@ -164,6 +164,26 @@ def test_finetune_init_none_regression_on_jsonl(tmp_path, sst):
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert state["finetune"]["kind"] == "regression" and state["finetune"]["labels"] == []
     assert state["config"]["train"]["pad_to_max"] is True
+
+
+def test_a_diverged_run_says_so_in_one_line_without_torchs_warning(tmp_path):
+    """Targets of 1e30 overflow the squared error: the skipped updates still step the schedule, and torch's warning
+    that the optimizer did not step reached stderr beside the one line."""
+    rows = "".join(f"{text}\t{score}\n" for text, score in [("the cat sat", 1e30), ("dog ran home", 2e30)] * 12)
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.tsv").write_text("sentence\tscore\n" + rows)
+    cfg = tmp_path / "reg.yaml"
+    cfg.write_text(
+        "task: {kind: regression}\n"
+        f"data: {{dir: {tmp_path}, label: score, max_seq_len: 16}}\n"
+        "model: {init: none, d_model: 16, layers: 1, heads: 2, ffn_dim: 32, max_positions: 32}\n"
+        "vocab: {size: 40}\n"
+        "train: {batch_size: 8, max_steps: 8, eval_every: 8, precision: fp32}\n"
+    )
+    # a process of its own: torch warns once per process, and this one's tests may have met that warning before
+    result = run_tcli_process("finetune", "--config", cfg, "--out", tmp_path / "run", "--device", "cpu", "-q")
+    assert result.returncode == 2 and result.stderr.startswith("error: training diverged"), result.stderr
+    assert result.stderr.count("\n") == 1 and "regression target" in result.stderr
 
 
 def test_finetune_glue_folder_by_task_name(tmp_path, tiny_bert, sst):

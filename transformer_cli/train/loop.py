@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -362,7 +363,8 @@ class Trainer:
         raise UserError(
             f"training diverged: the loss or gradients were NaN or infinite {where}; those updates "
             "were skipped and the checkpoints saved before are kept; lower train.lr, raise "
-            "train.warmup_steps or check train.adam_eps / train.weight_decay, then start a new run"
+            "train.warmup_steps or check train.adam_eps / train.weight_decay and the data (a regression target "
+            "too large to square overflows the loss), then start a new run"
         )
 
     def _out_of_time(self) -> bool:
@@ -404,7 +406,12 @@ class Trainer:
             if weight:
                 interval.add(stats)
         grad_norm, finite = optimizer_step(self.optimizer, self.scaler, self.cfg.clip_norm)
-        self.scheduler.step()
+        if finite:
+            self.scheduler.step()
+        else:  # a skipped update is still a step of the schedule; torch would warn that the optimizer did not step
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+                self.scheduler.step()
         return grad_norm, finite
 
     def _after_step(self, signalled: bool, out_of_time: bool) -> str | None:
