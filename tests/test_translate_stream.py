@@ -303,3 +303,27 @@ def test_an_output_that_is_the_file_stdout_writes_to_is_refused(tmp_path, monkey
         monkeypatch.setattr(sys, "stdout", pipe)
         check_outputs([("--output", None), ("--stats-json", Path(f"/proc/self/fd/{write}"))], [])
     os.close(read)
+
+
+def test_a_line_without_end_from_a_device_or_pipe_is_bounded(tmp_path, monkeypatch):
+    """`predict --input /dev/zero` filled the memory until the kernel killed it: a stream that is no regular file
+    gets MAX_STREAM_LINE_BYTES per line; a regular file's long line is read whole (the file bounds it)."""
+    from transformer_cli.datasets import text
+    from transformer_cli.errors import UserError
+
+    if Path("/dev/zero").exists():
+        with pytest.raises(UserError, match=r"/dev/zero: line 1 has over 64 MiB and no line end"):
+            with text.open_lines("/dev/zero") as reader:
+                next(iter(reader))
+    monkeypatch.setattr(text, "MAX_STREAM_LINE_BYTES", 1000)
+    read, write = os.pipe()
+    with os.fdopen(write, "wb") as w:
+        w.write(b"ok\n" + b"x" * 5000)
+    with pytest.raises(UserError, match="line 2 has over 0 MiB"):
+        with text.LineReader(os.fdopen(read, "rb", buffering=0), "<pipe>", block_size=256) as reader:
+            assert next(iter(reader)) == "ok"
+            next(iter(reader))
+    long = tmp_path / "long.txt"
+    long.write_bytes(b"ok\n" + b"x" * 5000)
+    with text.open_lines(long, block_size=256) as reader:
+        assert [len(line) for line in reader] == [2, 5000]

@@ -76,6 +76,9 @@ def invalid_utf8(name: str, line: int, byte: int) -> UserError:
 BOM = "\ufeff"
 
 
+MAX_STREAM_LINE_BYTES = 64 << 20  # a line longer than this from a device or a pipe is no text
+
+
 class LineReader:
     """The lines of a binary stream (a file, a pipe, a terminal) as they arrive, a block at a time.
 
@@ -95,10 +98,12 @@ class LineReader:
         # read1 returns what a pipe holds now instead of waiting for a whole block.
         self._read = getattr(stream, "read1", stream.read)
         self._fd = _fileno(stream)
+        self._regular = self._fd is not None and _is_regular(self._fd)
         self._block_size, self._decide_bytes = block_size, decide_bytes
         self._ready: deque[str] = deque()  # decoded lines not yet handed out
         self._pending: list[bytes] = []  # the bytes after the last line ending
         self._held = 0  # bytes read while the line ending is undecided
+        self._unended = 0  # bytes read since the last block that held a line ending (about the open line's length)
         self._sep: bytes | None = None  # b"\n" or b"\r", once decided
         self._eof = False
         self._error: UserError | None = None  # an invalid line: raised once the lines before it are handed out
@@ -172,7 +177,10 @@ class LineReader:
             else:
                 self._sep = b"\r" if any(b"\r" in b for b in self._pending) else b"\n"
         elif self._sep not in block and not self._eof:
+            self._unended += len(block)
+            self._check_line_length()
             return
+        self._unended = 0
         data = b"".join(self._pending)
         if self._eof:
             self._pending = []
@@ -187,6 +195,17 @@ class LineReader:
             return
         self._pending = [data[end + 1 :]]
         self._decode(data[:end])
+
+    def _check_line_length(self) -> None:
+        """A line without end from a stream that is no file (`--input /dev/zero`, a pipe that never writes a line
+        ending) would fill the memory: past MAX_STREAM_LINE_BYTES it is one line. A regular file's line is
+        bounded by the file."""
+        if self._regular or self._unended <= MAX_STREAM_LINE_BYTES:
+            return
+        raise UserError(
+            f"{self.name}: line {self.lines_read + 1} has over {MAX_STREAM_LINE_BYTES >> 20} MiB and no line end, "
+            "and the input is no regular file (a device or a stream that never ends a line); give a text file"
+        )
 
     def _decode(self, data: bytes, last: bool = False) -> None:
         """Decodes `data`, whole lines joined by the line ending; `last`: the input's unended end."""
@@ -209,6 +228,13 @@ class LineReader:
             lines = [line.removesuffix("\r") for line in lines]
         self.lines_read += len(lines)
         self._ready.extend(lines)
+
+
+def _is_regular(fd: int) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def _fileno(stream: BinaryIO) -> int | None:
