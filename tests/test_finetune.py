@@ -278,6 +278,10 @@ def test_predict_refuses_a_pretraining_checkpoint_and_an_empty_line(tmp_path, ti
     best = finetuned / "checkpoints" / "best.pt"
     result = CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "--device", "cpu"], input="a cat\n\n")
     assert result.exit_code == 2 and "<stdin>:2: empty line" in result.output
+    # a table's rows as plain lines: the header and each label were predicted as text, in silence
+    for lines in ("sentence\tlabel\nthe cat\t1\n", "a cat\ta\tb\n"):
+        result = CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "--device", "cpu"], input=lines)
+        assert result.exit_code == 2 and "<stdin>:1: a tab in a line" in result.output, result.output
 
 
 @pytest.mark.parametrize(

@@ -98,6 +98,11 @@ def _plain(line: str, number: int, pair_model: bool, tagging: bool, name: str) -
             )
         a, b = fields
         return TextExample(a.strip(), b.strip(), None, number)
+    if "\t" in text:  # a table's row (a header, a label column) read as one text: its output would be wrong
+        raise UserError(
+            f"{name}:{number}: a tab in a line: this model reads one text per line (a pair model reads "
+            "'a<TAB>b'); for a table with columns, give it as .tsv, .csv or .jsonl"
+        )
     return TextExample(text, None, None, number)
 
 
