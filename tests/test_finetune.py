@@ -186,6 +186,28 @@ def test_a_diverged_run_says_so_in_one_line_without_torchs_warning(tmp_path):
     assert result.stderr.count("\n") == 1 and "regression target" in result.stderr
 
 
+def test_f1_of_a_task_with_three_labels_is_refused_before_any_write(tmp_path):
+    """`f1` is the positive class's F1 (MRPC, QQP): on labels a/b/c it scored class b alone, and chose best.pt by it."""
+    rows = "".join(f"{text}\t{label}\n" for text, label in [("the cat", "a"), ("dog ran", "b"), ("a mat", "c")] * 8)
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.tsv").write_text("sentence\tlabel\n" + rows)
+    cfg = tmp_path / "three.yaml"
+    cfg.write_text(
+        f"data: {{dir: {tmp_path}, max_seq_len: 16}}\n"
+        "model: {init: none, d_model: 16, layers: 1, heads: 2, ffn_dim: 32, max_positions: 32}\n"
+        "vocab: {size: 40}\n"
+        "train: {batch_size: 8, max_steps: 2, eval_every: 2, precision: fp32}\n"
+    )
+    for metrics in ("[f1]", "[accuracy, f1]"):
+        result = invoke(
+            "finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "--set", f"task.metrics={metrics}"
+        )
+        assert result.exit_code == 2 and "needs two labels" in result.output and "has 3" in result.output, result.output
+        assert not (tmp_path / "run").exists()
+    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "--set", "task.metrics=[mcc]")
+    assert result.exit_code == 0, result.output
+
+
 def test_finetune_glue_folder_by_task_name(tmp_path, tiny_bert, sst):
     cfg = tmp_path / "glue.yaml"
     cfg.write_text(

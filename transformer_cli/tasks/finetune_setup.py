@@ -90,6 +90,11 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
             check_labels(examples, labels, valid_path.with_name(f"{split}.tsv"))
     if t.kind == "classification" and len(labels) < 2:
         raise UserError(f"{files[0]}: every training example has the label {labels[0]!r}; a classifier needs two")
+    if "f1" in (t.metrics or metrics) and len(labels) != 2:
+        raise UserError(
+            f"task.metrics f1 is the F1 of the positive class (the second label, as GLUE scores MRPC and QQP) and "
+            f"needs two labels, but {files[0]} has {len(labels)}; score it with accuracy or mcc"
+        )
     return LabelledData(t.kind, train, valid, tuple(labels), tuple(t.metrics or metrics), files, valid_path, more)
 
 
