@@ -412,6 +412,14 @@ def test_tagging_on_conll_first_pieces_and_word_tag_output(tmp_path):
     lines = result.stdout.splitlines()
     assert [line.split()[0] for line in lines[:3]] == ["the", "cat", "sat"] and lines[3] == ""
     assert all(line.split()[1] in ("B-ANI", "O") for line in lines[:3])
+    # more words than max_seq_len holds: every word still gets a line, and stderr says which were not read
+    result = CliRunner().invoke(
+        app, ["predict", "--checkpoint", str(best), "--device", "cpu"], input="cat\n" + "cat " * 40
+    )
+    assert result.exit_code == 0, result.output
+    assert len([line for line in result.stdout.splitlines() if line]) == 41
+    assert "warning: line 2: " in result.stderr and "of its 40 words fit" in result.stderr
+    assert "line 1" not in result.stderr
 
 
 def test_first_piece_labels():

@@ -71,6 +71,15 @@ class Predictor:
             meta.max_seq_len,
         )
         preds, probs = decide(meta.kind, logits)
+        if meta.kind == "tagging":
+            for ex, pred in zip(examples, preds):
+                if len(pred) < len(ex.words):  # tagged O below, unread: said, as translate says of a long line
+                    print(
+                        f"warning: line {ex.line}: {len(pred)} of its {len(ex.words)} words fit the model's "
+                        f"max_seq_len ({meta.max_seq_len} pieces); the other {len(ex.words) - len(pred)} are tagged "
+                        "O without being read: split the sentence",
+                        file=sys.stderr,
+                    )
         return [format_prediction(meta, ex, p, q) for ex, p, q in zip(examples, preds, probs)]
 
 
