@@ -255,7 +255,11 @@ class Trainer:
             if reason == "signal":
                 self.metrics.close()
                 self.runtime.barrier()
-                say(self.quiet, f"stopped by signal at step {state.step}; last.pt saved, resume with --resume auto")
+                say(
+                    self.quiet,
+                    f"stopped by signal at step {state.step}; last.pt saved, resume with --resume auto "
+                    "(a tcli glue run: the same command again)",
+                )
                 sys.exit(128 + (self.signal_received or signal.SIGTERM))
             return self._end(reason)
         finally:
