@@ -220,6 +220,23 @@ def test_true_or_false_for_a_number_is_refused_for_every_numeric_key(kind):
     assert load_config(schema, None, ["train.max_steps=3", "train.compile=true"]).train.compile is True
 
 
+@pytest.mark.parametrize("kind", ["translation", "bert", "finetune"])
+def test_a_quoted_number_is_refused_for_every_numeric_key(kind):
+    """`train.lr: "3"` is text in YAML; pydantic's lax mode read it as 3. Every numeric key refuses it, in a tuple
+    too; a key that also takes text (none yet) would keep it."""
+    from transformer_cli.config import SCHEMAS, _takes_a_number
+
+    schema = SCHEMAS[kind]
+    for section, key in _number_keys(schema):
+        if not _takes_a_number(schema.model_fields[section].annotation.model_fields[key].annotation, but_not=str):
+            continue
+        for value in ('["0.9", 0.98]',) if key == "adam_betas" else ('"3"', "'1e-3'"):
+            with pytest.raises(UserError, match=rf"{section}\.{key}: write a number without quotes") as err:
+                ends = [] if (section, key) == ("train", "max_steps") else ["train.max_steps=3"]
+                load_config(schema, None, [*ends, f"{section}.{key}={value}"])
+            assert "\n" not in str(err.value)
+
+
 def test_a_key_given_twice_with_set_is_refused():
     with pytest.raises(UserError, match=r"--set train\.lr is given twice \('train\.lr=1' and 'train\.lr=2'\)"):
         parse_overrides(["train.lr=1", "train.max_steps=3", "train.lr=2"])

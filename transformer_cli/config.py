@@ -126,25 +126,35 @@ class Section(BaseModel):
         """true/false where a number goes (`train.max_steps: true`) is a mistake, not 1 or 0 (as pydantic's lax
         mode would read it); the bool keys themselves take only true/false (StrictBool)."""
         items = value if isinstance(value, (list, tuple)) else (value,)
-        if any(isinstance(item, bool) for item in items) and _takes_a_number(
-            cls.model_fields[info.field_name].annotation
-        ):
+        annotation = cls.model_fields[info.field_name].annotation
+        if any(isinstance(item, bool) for item in items) and _takes_a_number(annotation):
             raise PydanticCustomError("bool_for_number", "write a number, not true or false")
+        # "3" in quotes is text: pydantic's lax mode would read it as 3 where a number goes, unlike YAML itself
+        if any(isinstance(item, str) and _numeric(item) for item in items) and _takes_a_number(annotation, but_not=str):
+            raise PydanticCustomError("text_for_number", "write a number without quotes")
         return value
 
     def check(self) -> None:
         """Cross-field checks; raise ValueError naming the keys involved."""
 
 
-def _takes_a_number(annotation: Any) -> bool:
-    """Whether a field's type is, or holds, int or float and not bool (`int | None`, `tuple[float, float]`)."""
+def _numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _takes_a_number(annotation: Any, but_not: type = bool) -> bool:
+    """Whether a field's type is, or holds, int or float and not `but_not` (`int | None`, `tuple[float, float]`)."""
     types: list[Any] = []
     pending = [annotation]
     while pending:
         t = pending.pop()
         types.append(t)
         pending.extend(typing.get_args(t))
-    return bool({int, float} & set(types)) and bool not in types
+    return bool({int, float} & set(types)) and but_not not in types and bool not in types
 
 
 # ----------------------------------------------------------------------------- shared sections
