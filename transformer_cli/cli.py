@@ -601,7 +601,7 @@ def main() -> None:
     except typer.Abort:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except UserError as e:  # an option given twice (OptionsOnce)
+    except UserError as e:  # the command line as written (OptionsOnce): an option twice, a file with a final '/'
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)
     except Exception as e:  # click's (or typer's own copy of click's) usage errors

@@ -266,11 +266,16 @@ def _vocab_size(path: Path) -> int:
     import sentencepiece as spm
 
     try:
-        return spm.SentencePieceProcessor(model_proto=path.read_bytes()).get_piece_size()  # any path's bytes
+        data = path.read_bytes()  # parsed from bytes: sentencepiece cannot open a path that is not UTF-8
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from None
-    except Exception:  # sentencepiece raises RuntimeError (or OSError) for bytes it cannot parse
-        raise UserError(f"{path} is not a sentencepiece model; run tcli preprocess again") from None
+    try:
+        size = spm.SentencePieceProcessor(model_proto=data).get_piece_size() if data else 0
+    except Exception:  # sentencepiece raises RuntimeError for bytes it cannot parse
+        size = 0
+    if size <= 0:
+        raise UserError(f"{path} is not a sentencepiece model; run tcli preprocess again")
+    return size
 
 
 def _check_array(folder: Path, stem: str, dtype: np.dtype, vocab_size: int) -> None:
