@@ -384,6 +384,21 @@ def test_plot_writes_exactly_the_file_it_names(world, tmp_path, name):
     assert [p.name for p in tmp_path.iterdir()] == [name]
 
 
+def test_plot_of_a_run_whose_name_holds_a_control_character_warns_of_nothing(world, tmp_path):
+    """The title is the run folder's name: a tab in it was a missing glyph, and matplotlib's warning on stderr."""
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    from transformer_cli.plot import plot_run
+
+    run = tmp_path / "tab\there"
+    shutil.copytree(world["bert_run"], run)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot_run(run, tmp_path / "c.png")
+    assert [str(w.message) for w in caught] == []
+
+
 # ----------------------------------------------------------------------------- 6. silent wrong results
 
 

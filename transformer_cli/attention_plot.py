@@ -17,6 +17,12 @@ from transformer_cli.errors import UserError
 HEATMAP_MAX_PIECES = 100  # pieces drawn per axis of a heatmap: about 1,500 pixels a side at its smallest cells
 
 
+def printable(text: str) -> str:
+    """`text` as a figure shows it: a control character (a tab in a folder's name) as its escape, for which
+    the font has a glyph, instead of a missing glyph and matplotlib's warning on stderr."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def require_matplotlib() -> Any:
     """The matplotlib.figure module, or a one-line error that says how to install it."""
     try:
@@ -89,7 +95,7 @@ def heatmaps(
     ncols = 1 if panel_w > 2.5 * panel_h else max(1, min(len(panels), int(22 // panel_w)))
     nrows = math.ceil(len(panels) / ncols)
     fig = figure_module.Figure(figsize=(panel_w * ncols + 1.2, panel_h * nrows + 0.4), layout="constrained")
-    fig.suptitle(title, fontsize=max(font + 2, 10))
+    fig.suptitle(printable(title), fontsize=max(font + 2, 10))
     vmax = max(float(m.max()) for _, m in panels) or 1.0
     axes = fig.subplots(nrows, ncols, squeeze=False)
     image = None

@@ -33,7 +33,7 @@ class OptionsOnce(TyperCommand):
         values, extra, order = self.make_parser(ctx).parse_args(args=list(args))  # order: each option as given
         seen = set()
         for param in order:
-            if param.param_type_name != "option" or getattr(param, "multiple", False):
+            if param.param_type_name != "option" or getattr(param, "multiple", False) or param.name == "help":
                 continue
             if param.name in seen:
                 names = " / ".join(param.opts + param.secondary_opts)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from transformer_cli import task_metrics
-from transformer_cli.attention_plot import image_format, save_figure
+from transformer_cli.attention_plot import image_format, printable, save_figure
 from transformer_cli.errors import UserError
 from transformer_cli.files import check_replaceable
 from transformer_cli.metrics_file import read_metrics
@@ -114,7 +114,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     if not rows:
         raise UserError(f"{run_dir / 'metrics.jsonl'} holds no finite values of a plotted metric; nothing to plot")
     fig = figure_module.Figure(figsize=(12, 2.6 * len(rows) + 0.6), layout="constrained")
-    fig.suptitle(f"{run_dir.name}: metrics.jsonl", fontsize=12)
+    fig.suptitle(f"{printable(run_dir.name)}: metrics.jsonl", fontsize=12)
     axes = fig.subplots(len(rows), 2, squeeze=False)
     for (title, found), (by_step, by_time) in zip(rows, axes):
         for label, steps, values in found:
