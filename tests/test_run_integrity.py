@@ -4,6 +4,7 @@ finished runs stay finished, resume refuses changes that would silently alter a 
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 import signal
 import subprocess
@@ -147,6 +148,19 @@ def test_refused_resume_changes_nothing(tmp_path, finished_run):
     assert ((copy / ".lock").read_bytes(), (copy / ".lock").stat().st_mtime_ns) == holder  # the lock file too
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_folder_holding_only_its_lock_starts_over(tmp_path, finished_run, resume):
+    """A run SIGKILLed while training its vocabulary leaves only .lock: it was refused as "not a tcli run directory"
+    forever; it is the run's own, and the run starts (or is resumed from nothing) cleanly."""
+    cfg, _ = finished_run
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text("12345 2026-12-07T00:00:00\n")
+    result = train(cfg, out, "--set", "train.max_steps=2", *(["--resume", "auto"] if resume else []))
+    assert result.returncode == 0, result.stderr
+    assert (out / "checkpoints" / "last.pt").is_file()
+
+
 def _damage(state: dict, how: str) -> None:
     weights = state["model"]
     name = next(k for k in weights if k.endswith("qkv_proj.weight"))
@@ -163,6 +177,16 @@ def _damage(state: dict, how: str) -> None:
         first["exp_avg"] = torch.zeros(3)
     elif how == "no_moment":
         next(iter(state["optimizer"]["state"].values())).pop("exp_avg_sq")
+    elif how == "nan_moment":
+        next(iter(state["optimizer"]["state"].values()))["exp_avg_sq"].fill_(float("nan"))
+    elif how == "nan_lr":
+        state["optimizer"]["param_groups"][0]["lr"] = float("nan")
+    elif how == "rng":
+        state["rng"]["python"] = "x"
+    elif how == "scheduler":
+        state["scheduler"] = {}
+    elif how in ("best", "step", "batch_in_epoch", "train_seconds"):
+        state["train_state"][how] = {"best": "abc", "step": -3, "batch_in_epoch": -5, "train_seconds": math.nan}[how]
 
 
 @pytest.mark.parametrize(
@@ -174,12 +198,21 @@ def _damage(state: dict, how: str) -> None:
         ("nan", "NaN or infinite"),
         ("moments", "optimizer's exp_avg of parameter"),
         ("no_moment", "lacks exp_avg_sq"),
+        ("nan_moment", "exp_avg_sq of parameter 0 holds NaN"),
+        ("nan_lr", "lr of parameter group 0 is nan"),
+        ("rng", "training state does not load"),
+        ("scheduler", "training state does not load"),
+        ("best", "train_state.best"),
+        ("step", "train_state.step is -3"),
+        ("batch_in_epoch", "train_state.batch_in_epoch is -5"),
+        ("train_seconds", "train_state.train_seconds is nan"),
     ],
 )
 def test_a_damaged_last_pt_is_refused_on_resume(tmp_path, finished_run, how, fragment):
-    """A last.pt whose weights or optimizer state are damaged: one line, not a traceback from load_state_dict (or
-    from the first update), and not training on zeroed or NaN weights; a model-level refusal leaves the folder as
-    it was (an optimizer-level one is found once the trainer is built, after run.json says running)."""
+    """A last.pt whose weights, optimizer, schedule, RNG or train state are damaged: one line, not a traceback from
+    load_state_dict (or from the first update or evaluation), not training on zeroed or NaN weights, and the folder
+    as it was, its lock file included (a state found bad only once the trainer takes it puts back run.json and
+    config.yaml, which had said "running" and the new max_steps)."""
     cfg, run = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
@@ -188,9 +221,10 @@ def test_a_damaged_last_pt_is_refused_on_resume(tmp_path, finished_run, how, fra
     _damage(state, how)
     torch.save(state, last)
     before = snapshot(copy)
+    holder = ((copy / ".lock").read_bytes(), (copy / ".lock").stat().st_mtime_ns)
     one_line_error(train(cfg, copy, "--resume", "auto", "--set", "train.max_steps=6"), fragment)
-    if how not in ("moments", "no_moment"):
-        assert snapshot(copy) == before
+    assert snapshot(copy) == before
+    assert ((copy / ".lock").read_bytes(), (copy / ".lock").stat().st_mtime_ns) == holder
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ and weights are checked before any model is built. Nothing here imports the trai
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,12 +187,28 @@ def check_resumable(ckpt: Checkpoint) -> None:
     ]
     if "rng" not in missing and not {"torch", "python"} <= set(state["rng"]):
         missing.append("rng.torch / rng.python")
+    best = train_state.get("best")
+    if "train_state" not in missing and not (best is None or _finite_number(best)):
+        missing.append("train_state.best (a number or null)")
+    # (types checked first) a step of -3 trained over the step files of the run; NaN seconds
+    negative = (
+        [] if missing else [k for k in _TRAIN_STATE if not (_finite_number(train_state[k]) and train_state[k] >= 0)]
+    )
+    if negative:
+        raise UserError(
+            f"{path} cannot be resumed: its train_state.{negative[0]} is {train_state[negative[0]]!r}, where a count "
+            "or a time of 0 or more belongs; resume from an intact last.pt or choose another --out"
+        )
     if missing:
         raise UserError(
             f"{path} cannot be resumed: it lacks {missing[0]}"
             f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''} that a training checkpoint "
             "holds; resume from a last.pt written by tcli train / pretrain-bert, or choose another --out"
         )
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _load(path: Path) -> dict[str, Any]:

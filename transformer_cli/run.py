@@ -75,6 +75,7 @@ class RunDirectory:
         self._lock_fd: int | None = None
         self._created = False  # this process made the directory: a refused run removes it again
         self.started = False
+        self._before: dict[str, bytes | None] = {}  # run.json and config.yaml as start() found them
         self.checkpointed = False  # a last.pt has been written (run.json says so from then on)
 
     # -- guard and lock
@@ -121,7 +122,7 @@ class RunDirectory:
             return
         legacy = "checkpoints" in entries or "metrics.jsonl" in entries
         foreign = sorted(entries - OWN_ENTRIES)
-        if entries and (foreign or not legacy):
+        if entries - {LOCK} and (foreign or not legacy):  # .lock alone: a run killed before it wrote anything
             shown = ", ".join((foreign or sorted(entries))[:3])
             raise UserError(
                 f"--out {self.path} is not empty and is not a tcli run directory (it holds {shown}"
@@ -178,6 +179,7 @@ class RunDirectory:
     def start(self, cfg: Any, fresh: bool) -> None:
         """Clean what a killed process left, reset the logs of a run that starts over, write config.yaml."""
         self.started = True
+        self._before = {name: _bytes_or_none(self.path / name) for name in (MARKER, "config.yaml")}
         for folder in (self.path, self.ckpt_dir, self.path / "vocab"):
             remove_stale_temporaries(folder)
         if fresh:  # a run killed before its first checkpoint starts over: no duplicate steps in the logs
@@ -186,6 +188,16 @@ class RunDirectory:
         self.checkpointed = not fresh
         self._write_marker("running")
         write_atomic(dump_config(cfg).encode("utf-8"), self.path / "config.yaml")
+
+    def undo_start(self) -> None:
+        """A resume refused after `start` (a training state that does not load, found only when the trainer takes
+        it): run.json and config.yaml go back to what they were, and the lock file with them (`release`)."""
+        for name, data in self._before.items():
+            if data is None:
+                (self.path / name).unlink(missing_ok=True)
+            else:
+                write_atomic(data, self.path / name)
+        self.started = False
 
     def saved(self, step: int) -> None:
         """Called after every write of last.pt; the first one is recorded in run.json."""
@@ -222,6 +234,13 @@ def lock_directory(folder: Path, name: str, holder: str, advice: str) -> int:
 
 
 _BEFORE: dict[int, tuple[bytes, os.stat_result]] = {}  # a held lock file as it was (the last holder's PID)
+
+
+def _bytes_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def unlock_directory(fd: int, wrote: bool) -> None:
@@ -291,7 +310,7 @@ def check_resume_config(stored: dict[str, Any], new: dict[str, Any], path: Path)
         raise UserError(
             f"cannot resume {path} with {key} changed ({old[key]!r} -> {now[key]!r}){more}: it changes "
             f"{why}; keep the old value or use a new --out (keys that may change on resume: "
-            "max_steps, max_epochs, max_minutes, eval_every, save_every, log_every, keep_last, "
+            "max_steps, max_epochs, max_minutes, eval_every, save_every, log_every, keep_last, average_last, "
             "patience, eval.*; see the README)"
         )
 
@@ -454,7 +473,12 @@ def run_training(
         trainer = Trainer(task, setup.train_config(task), run_dir, runtime, quiet)
         trainer.on_saved = directory.saved
         if ckpt is not None:
-            trainer.restore(ckpt)
+            try:
+                trainer.restore(ckpt)
+            except UserError:
+                if runtime.is_main:
+                    directory.undo_start()
+                raise
         end = trainer.run(finished=finished)
         if runtime.is_main:
             directory.finish(end["step"])

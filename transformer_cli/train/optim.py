@@ -24,9 +24,17 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
 
 
 def check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """AdamW's state as loaded from a checkpoint: for each parameter that has one, a step and two moments of
-    the parameter's shape, finite. load_state_dict takes anything and the first update would fail on it (or
-    train on NaN moments); raise ValueError naming the first problem."""
+    """AdamW's state as loaded from a checkpoint: finite numbers in each group, and for each parameter that has
+    one, a step and two moments of the parameter's shape, finite. load_state_dict takes anything and the first
+    update would fail on it (or train on NaN moments); raise ValueError naming the first problem."""
+    for number, group in enumerate(optimizer.param_groups):  # a NaN lr trained NaN weights until "diverged"
+        for key in ("lr", "initial_lr", "eps", "weight_decay", "betas"):
+            values = group.get(key, ())
+            for value in values if isinstance(values, list | tuple) else [values]:
+                if isinstance(value, torch.Tensor):  # (a tensor lr, as some optimizer options keep it)
+                    value = float(value) if value.numel() == 1 else math.nan
+                if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                    raise ValueError(f"the optimizer's {key} of parameter group {number} is {values!r}")
     for index, p in enumerate(q for group in optimizer.param_groups for q in group["params"]):
         state = optimizer.state.get(p)
         if not state:
