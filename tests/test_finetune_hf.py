@@ -163,3 +163,65 @@ def test_a_folder_missing_an_encoder_tensor_is_one_line(tmp_path, wordpiece_fold
     assert f"model.init {folder}: the HF weights lack bert.encoder.layer.1.attention.self.key.weight" in result.output
     assert "not a BERT model" in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def _set_json(path: Path, **values) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
+
+
+DAMAGES = {
+    # tokenizer_config.json: types transformers refuses ("false" as a string turned lower-casing on)
+    "lower_as_text": (lambda f: _set_json(f / "tokenizer_config.json", do_lower_case="false"), "do_lower_case is"),
+    "accents_as_text": (lambda f: _set_json(f / "tokenizer_config.json", strip_accents="yes"), "strip_accents is"),
+    # vocab.txt that the WordPiece tokenizer cannot use (tracebacks from tokenizers)
+    "no_sep": (lambda f: (f / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n"), "not a usable WordPiece"),
+    "binary": (lambda f: (f / "vocab.txt").write_bytes(bytes(range(128, 256))), "not a usable WordPiece"),
+    "twice": (lambda f: (f / "vocab.txt").write_text((f / "vocab.txt").read_text() * 2), "ids go up to"),
+    # config.json: function keys refused as --init-from-hf refuses them, sizes that cannot build a BERT
+    "eps": (lambda f: _set_json(f / "config.json", layer_norm_eps=1e-5), "sets layer_norm_eps to"),
+    "decoder": (lambda f: _set_json(f / "config.json", is_decoder=True), "sets is_decoder to"),
+    "heads": (lambda f: _set_json(f / "config.json", num_attention_heads=3), "not divisible by num_attention_heads"),
+    "float_vocab": (lambda f: _set_json(f / "config.json", vocab_size=120.9), "vocab_size is"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_wordpiece_folder_is_one_line_and_writes_nothing(tmp_path, wordpiece_folder, damage):
+    import shutil
+
+    folder = tmp_path / "hf"
+    shutil.copytree(wordpiece_folder, folder)
+    make, fragment = DAMAGES[damage]
+    make(folder)
+    cfg = tmp_path / "ft.yaml"
+    cfg.write_text(f"model: {{init: {folder}}}\ndata: {{dir: {_data(tmp_path / 'd')}}}\ntrain: {{max_steps: 1}}\n")
+    result = CliRunner().invoke(app, ["finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 2 and fragment in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_tokenizer_json_with_its_own_truncation_and_padding_encodes_whole(tmp_path, tiny_bert):
+    """transformers turns a tokenizer.json's stored truncation and padding off at each call; tcli did not, and a
+    stored max_length of 2 cut every example to 2 pieces in silence."""
+    from transformer_cli.bert_tokenizer import tokenizer_of_hf_folder
+
+    result = CliRunner().invoke(app, ["export-hf", "--checkpoint", str(tiny_bert), "--out", str(tmp_path / "hf")])
+    assert result.exit_code == 0, result.output
+    plain = tokenizer_of_hf_folder(tmp_path / "hf").encode(TEXTS)
+    path = tmp_path / "hf" / "tokenizer.json"
+    _set_json(path, truncation={"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 0})
+    assert tokenizer_of_hf_folder(tmp_path / "hf").encode(TEXTS) == plain
+    _set_json(
+        path,
+        truncation=None,
+        padding={
+            "strategy": {"Fixed": 20},
+            "direction": "Right",
+            "pad_to_multiple_of": None,
+            "pad_id": 0,
+            "pad_type_id": 0,
+            "pad_token": "[PAD]",
+        },
+    )
+    assert tokenizer_of_hf_folder(tmp_path / "hf").encode(TEXTS) == plain
+    assert max(map(len, plain)) > 2

@@ -48,7 +48,12 @@ class BertTokenizer:
                 self.tok = _tokenizers().Tokenizer.from_str(self.data.decode("utf-8"))
             except Exception as e:  # tokenizers raises its own Exception type for a malformed JSON
                 raise UserError(f"{source}: not a readable tokenizers JSON ({str(e)[:120]})") from None
-            self.size = self.tok.get_vocab_size(with_added_tokens=True)
+            # transformers turns a tokenizer.json's own truncation and padding off at each call: so does tcli (a
+            # stored max_length of 2 cut every example to 2 pieces, and a fixed padding put [PAD]s inside them)
+            self.tok.no_truncation()
+            self.tok.no_padding()
+            # ids run up to the largest one (a vocab.txt with a token twice has gaps): the embedding must hold it
+            self.size = max(self.tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
             ids = [self.tok.token_to_id(p) for p in SPECIALS]
             if None in ids:
                 missing = SPECIALS[ids.index(None)]
@@ -113,15 +118,27 @@ def tokenizer_of_hf_folder(folder: Path) -> BertTokenizer:
             f"{folder}: no tokenizer.json or vocab.txt; fine-tuning needs the model's own tokenizer "
             "(a folder written by tcli export-hf, or a BERT folder with its WordPiece vocab.txt)"
         )
-    settings = _json_object(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else {}
-    lower = bool(settings.get("do_lower_case", True))
-    wordpiece = _tokenizers().implementations.BertWordPieceTokenizer(
-        str(vocab),
-        lowercase=lower,
-        strip_accents=settings.get("strip_accents"),
-        handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
-        clean_text=True,
-    )
+    config = folder / "tokenizer_config.json"
+    settings = _json_object(config) if config.is_file() else {}
+    flags = {}
+    for key, default in (("do_lower_case", True), ("strip_accents", None), ("tokenize_chinese_chars", True)):
+        value = settings.get(key, default)
+        if not (isinstance(value, bool) or (value is None and default is None)):  # as transformers refuses them
+            raise UserError(
+                f"{config}: {key} is {str(value)[:40]!r}; it must be true or false"
+                f"{' (or null)' if default is None else ''}"
+            )
+        flags[key] = value
+    try:
+        wordpiece = _tokenizers().implementations.BertWordPieceTokenizer(
+            str(vocab),
+            lowercase=flags["do_lower_case"],
+            strip_accents=flags["strip_accents"],
+            handle_chinese_chars=flags["tokenize_chinese_chars"],
+            clean_text=True,
+        )
+    except Exception as e:  # tokenizers raises its own types for a vocabulary it cannot read or use
+        raise UserError(f"{vocab}: not a usable WordPiece vocabulary ({str(e).splitlines()[0][:120]})") from None
     return BertTokenizer("hf", wordpiece.to_str().encode("utf-8"), str(vocab))
 
 

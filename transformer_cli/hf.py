@@ -333,14 +333,7 @@ def check_hf_config(hf: dict, expected: dict, where: str) -> None:
             f"{where} describes a {str(model_type)[:40]!r} model (model_type), not BERT; --init-from-hf reads "
             "BERT folders (written by tcli export-hf or transformers' BertForPreTraining)"
         )
-    for key, ours in FUNCTION_KEYS.items():
-        value = hf.get(key, ours)
-        same = type(value) is type(ours) or (isinstance(ours, float) and _is_number(value))
-        if not same or value != ours:
-            raise UserError(
-                f"{where} sets {key} to {quote(value, 60)}, but tcli's BERT computes with {key} {ours!r}: it "
-                "would start from another model than the folder holds; use a folder with that value"
-            )
+    check_function_keys(hf, where)
     for key, ours in SIZE_KEYS.items():
         value = hf.get(key)
         if key not in hf:
@@ -350,6 +343,19 @@ def check_hf_config(hf: dict, expected: dict, where: str) -> None:
         if value != expected[key]:
             raise UserError(
                 f"{where}: {key} is {value} but the run's model.{ours} is {expected[key]}; set model.{ours}={value}"
+            )
+
+
+def check_function_keys(hf: dict, where: str) -> None:
+    """One line naming the first config.json key that would make another function than tcli's BERT computes
+    (FUNCTION_KEYS: activation, LayerNorm epsilon, position embeddings, a decoder, ...)."""
+    for key, ours in FUNCTION_KEYS.items():
+        value = hf.get(key, ours)
+        same = type(value) is type(ours) or (isinstance(ours, float) and _is_number(value))
+        if not same or value != ours:
+            raise UserError(
+                f"{where} sets {key} to {quote(value, 60)}, but tcli's BERT computes with {key} {ours!r}: it "
+                "would start from another model than the folder holds; use a folder with that value"
             )
 
 

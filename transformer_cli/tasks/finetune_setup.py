@@ -177,6 +177,7 @@ def _random_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
 def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
     """A Hugging Face BERT folder: config.json, model.safetensors or pytorch_model.bin, and its tokenizer."""
     from transformer_cli.bert_tokenizer import tokenizer_of_hf_folder
+    from transformer_cli.hf import check_function_keys
 
     where = f"model.init {folder}"
     config_path = folder / "config.json"
@@ -190,9 +191,17 @@ def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
         raise UserError(
             f"{config_path}: model_type {hf.get('model_type') if isinstance(hf, dict) else '?'!r} is not bert"
         )
-    for key, want in (("hidden_act", "gelu"), ("type_vocab_size", 2), ("position_embedding_type", "absolute")):
-        if hf.get(key, want) != want:
-            raise UserError(f"{config_path}: {key} {hf.get(key)!r} is not supported (tcli's BERT has {want!r})")
+    check_function_keys(hf, str(config_path))  # as --init-from-hf: layer_norm_eps, is_decoder, ... of tcli's BERT
+    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings")
+    for key in (*sizes, "vocab_size"):
+        if key in hf and (not isinstance(hf[key], int) or isinstance(hf[key], bool)):
+            raise UserError(f"{config_path}: {key} is {str(hf[key])[:40]!r}; it must be an integer")
+    if isinstance(hf.get("hidden_size"), int) and isinstance(hf.get("num_attention_heads"), int):
+        if hf["num_attention_heads"] < 1 or hf["hidden_size"] % hf["num_attention_heads"]:
+            raise UserError(
+                f"{config_path}: hidden_size {hf['hidden_size']} is not divisible by num_attention_heads "
+                f"{hf['num_attention_heads']}; not a BERT config"
+            )
     try:
         encoder = BertModelConfig(
             d_model=hf["hidden_size"],
@@ -209,7 +218,7 @@ def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
     tokenizer = tokenizer_of_hf_folder(folder)
     if len(tokenizer) > vocab_size:
         raise UserError(
-            f"{where}: the tokenizer has {len(tokenizer)} tokens but config.json vocab_size is {vocab_size}"
+            f"{where}: the tokenizer's ids go up to {len(tokenizer) - 1} but config.json vocab_size is {vocab_size}"
         )
     weights = _hf_encoder_weights(folder, encoder, vocab_size)
     return InitSource(_with_dropout(encoder, cfg), vocab_size, tokenizer, weights, f"Hugging Face BERT {folder}")
