@@ -497,6 +497,29 @@ def test_a_heatmap_draws_a_bounded_number_of_pieces(tmp_path):
     )
 
 
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero here")
+def test_an_endless_line_from_a_device_is_one_line_for_every_reader(world):
+    """`evaluate --input /dev/zero` on a BERT checkpoint read until the kernel killed it (24 GB), and so did
+    fill-mask: a line from a stream that is no regular file is bounded (64 MiB)."""
+    for case in (
+        ["evaluate", "--checkpoint", world["bert_ckpt"], "--input", "/dev/zero", "--device", "cpu"],
+        ["evaluate", "--checkpoint", world["tr_ckpt"], "--input", "/dev/zero", "--reference", "/dev/zero"],
+        ["fill-mask", "--checkpoint", world["bert_ckpt"], "--input", "/dev/zero"],
+    ):
+        code, err = tcli(*case)
+        one_line_error(code, err)
+        assert "/dev/zero: line 1 has over 64 MiB and no line end" in err
+
+
+def test_evaluate_refuses_a_reference_it_would_ignore(world, tmp_path):
+    """--split scores the split's own targets: `--split val --reference test.tgt` printed val's scores as if."""
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a b\n")
+    code, err = tcli("evaluate", "--checkpoint", world["tr_ckpt"], "--split", "val", "--reference", ref)
+    one_line_error(code, err)
+    assert "--reference goes with --input" in err
+
+
 # ----------------------------------------------------------------------------- 10. messages
 
 

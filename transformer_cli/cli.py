@@ -71,7 +71,7 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar o
 # What to make smaller when a command runs out of memory: the advice names its own options.
 _MEMORY_ADVICE = {
     "translate": "lower --beam (and --nbest) or --max-tokens, or use another device",
-    "evaluate": "lower --beam, or use another device",
+    "evaluate": "lower --beam (translation) or give a smaller --input, or use another device",
     "fill_mask": "shorten the input lines, or use another device",
 }
 _TRAINING_MEMORY_ADVICE = "use a smaller model, train.max_tokens / train.batch_size, or another device"

@@ -45,6 +45,11 @@ def run_evaluate(
 
     if (split is None) == (input_path is None):
         raise UserError("give either --split NAME or --input FILE")
+    if split is not None and reference is not None:  # it would be ignored: the split's own targets are scored
+        raise UserError(
+            f"--reference goes with --input; --split {split} is scored against its own target file (give --input "
+            "and --reference to score other files)"
+        )
     ckpt = read_checkpoint(checkpoint)
     if ckpt.kind != "translation" and (reference is not None or beam is not None or lenpen is not None):
         what = "a BERT" if ckpt.kind == "bert" else "a fine-tuned"

@@ -20,8 +20,16 @@ from transformer_cli.errors import UserError
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """The lines of a UTF-8 text file, without line endings. Invalid UTF-8 names file and line."""
+    """The lines of a UTF-8 text file, without line endings. Invalid UTF-8 names file and line.
+    A stream that is no regular file (a FIFO, /dev/zero) is read line by line, each line bounded (LineReader)."""
     path = Path(path)
+    try:
+        streamed = not stat.S_ISREG(os.stat(path).st_mode) and not path.is_dir()
+    except OSError:
+        streamed = False  # missing, or unreadable: the read below names it
+    if streamed:
+        with open_lines(path) as reader:
+            return list(reader)
     try:
         data = path.read_bytes()
     except OSError as e:
