@@ -131,6 +131,14 @@ def test_finetune_from_a_wordpiece_folder_end_to_end(tmp_path, wordpiece_folder)
         app, ["predict", "--checkpoint", str(run / "checkpoints" / "last.pt"), "--device", "cpu"], input="the cat\n"
     )
     assert result.exit_code == 0 and result.stdout.split("\t")[0] in ("0", "1"), result.output
+    # its export names the files it wrote: no spiece.model for a WordPiece tokenizer
+    out = tmp_path / "hf"
+    result = CliRunner().invoke(
+        app, ["export-hf", "--checkpoint", str(run / "checkpoints" / "last.pt"), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    named = result.output.strip().split(" (")[1].rstrip(")").split(", ")
+    assert sorted(named) == sorted(p.name for p in out.iterdir()) and "spiece.model" not in named
 
 
 def test_a_folder_without_a_tokenizer_is_one_line(tmp_path, wordpiece_folder):

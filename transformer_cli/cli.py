@@ -430,14 +430,12 @@ def export_hf(
 ) -> None:
     """Write a BERT checkpoint as a folder transformers loads (BertForPreTraining, or a fine-tuned model as
     BertForSequenceClassification / BertForTokenClassification with its labels) and a fast tokenizer."""
+    from transformer_cli.hf import HF_FILES
     from transformer_cli.hf import export_hf as run
 
     folder = run(checkpoint, out, force)
-    print(
-        f"wrote {folder} (config.json, model.safetensors, spiece.model, tokenizer.json, tokenizer_config.json, "
-        "special_tokens_map.json)",
-        file=sys.stderr,
-    )
+    written = [name for name in HF_FILES if (folder / name).is_file()]  # (--force removed the folder's others first)
+    print(f"wrote {folder} ({', '.join(written)})", file=sys.stderr)
 
 
 @app.command("count-params", cls=OptionsOnce)
