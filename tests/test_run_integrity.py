@@ -161,6 +161,19 @@ def test_a_folder_holding_only_its_lock_starts_over(tmp_path, finished_run, resu
     assert (out / "checkpoints" / "last.pt").is_file()
 
 
+def test_a_run_whose_best_pt_was_removed_says_its_test_split_is_not_scored(tmp_path, finished_run):
+    """best.pt deleted by hand, then the run continued: no later evaluation beat the saved best, so no best.pt was
+    written again and the end had no test scores, in silence."""
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    (copy / "checkpoints" / "best.pt").unlink()
+    result = train(cfg, copy, "--resume", "auto", "--set", "train.max_steps=5")
+    assert result.returncode == 0, result.stderr
+    tests = [e for e in read_metrics(copy) if e["event"] == "test" and e["step"] == 5]
+    assert tests or "best.pt is missing, so the test split is not scored" in result.stderr, result.stderr
+
+
 def _damage(state: dict, how: str) -> None:
     weights = state["model"]
     name = next(k for k in weights if k.endswith("qkv_proj.weight"))
