@@ -233,3 +233,30 @@ def test_a_tokenizer_json_with_its_own_truncation_and_padding_encodes_whole(tmp_
     )
     assert tokenizer_of_hf_folder(tmp_path / "hf").encode(TEXTS) == plain
     assert max(map(len, plain)) > 2
+
+
+def test_a_folder_without_a_pooler_fine_tunes_from_the_classifiers_own_pooler(tmp_path, wordpiece_folder):
+    """A BertForMaskedLM or token-classification folder has no pooler: it was refused as "not a BERT model";
+    transformers starts the pooler from random weights, and so does tcli (seeded by train.seed), saying so."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "mlm"
+    shutil.copytree(wordpiece_folder, folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if "pooler" not in k}, str(folder / "model.safetensors"))
+    cfg = tmp_path / "ft.yaml"
+    cfg.write_text(
+        f"model: {{init: {folder}}}\ndata: {{dir: {_data(tmp_path / 'd')}, max_seq_len: 32}}\n"
+        "train: {batch_size: 4, max_steps: 1, eval_every: 1, precision: fp32}\n"
+    )
+    runs = []
+    for name in ("a", "b"):
+        result = CliRunner().invoke(
+            app, ["finetune", "--config", str(cfg), "--out", str(tmp_path / name), "--device", "cpu"]
+        )
+        assert result.exit_code == 0, result.output
+        assert "has no pooler: it starts from random weights" in result.output
+        runs.append(torch.load(tmp_path / name / "checkpoints" / "last.pt", weights_only=True)["model"])
+    assert torch.equal(runs[0]["bert.pooler.weight"], runs[1]["bert.pooler.weight"])  # the seed's, both times

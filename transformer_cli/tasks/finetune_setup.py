@@ -224,6 +224,9 @@ def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
     return InitSource(_with_dropout(encoder, cfg), vocab_size, tokenizer, weights, f"Hugging Face BERT {folder}")
 
 
+POOLER = "bert.pooler."  # the classifier's pooler weights (a HF folder may lack them)
+
+
 def _hf_encoder_weights(folder: Path, encoder: BertModelConfig, vocab_size: int) -> dict[str, Tensor]:
     """The folder's encoder and pooler weights under BertClassifier names; heads of any HF class are ignored."""
     import torch
@@ -236,6 +239,12 @@ def _hf_encoder_weights(folder: Path, encoder: BertModelConfig, vocab_size: int)
     for name, tensor in raw.items():  # BertModel saves without the "bert." prefix; old files use gamma/beta
         name = name if name.startswith(("bert.", "cls.")) else f"bert.{name}"
         hf[name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")] = tensor
+    # BertForMaskedLM and BertForTokenClassification folders have no pooler: as transformers does, the classifier
+    # starts it from its own (seeded) initial weights. Zeros stand in for it through the mapping and the checks.
+    no_pooler = not any(name.startswith("bert.pooler.") for name in hf)
+    if no_pooler:
+        d = encoder.d_model
+        hf = {**hf, "bert.pooler.dense.weight": torch.zeros(d, d), "bert.pooler.dense.bias": torch.zeros(d)}
     try:
         out = {f"bert.{k}": v for k, v in from_hf_state_dict(hf, encoder.layers, heads=False).items()}
     except UserError as e:
@@ -253,7 +262,7 @@ def _hf_encoder_weights(folder: Path, encoder: BertModelConfig, vocab_size: int)
             pretraining_heads=False,
         ).state_dict()
     check_weights({k.removeprefix("bert."): v for k, v in out.items()}, ref, f"model.init {folder}")
-    return {k: v.float() for k, v in out.items()}
+    return {k: v.float() for k, v in out.items() if not (no_pooler and k.startswith(POOLER))}
 
 
 def _read_hf_weights(folder: Path) -> dict[str, Tensor]:
@@ -403,7 +412,9 @@ class FinetuneSetup(SetupBase):
         model = build_classifier(meta)
         if self.weights is not None:
             missing, unexpected = model.load_state_dict(self.weights, strict=False)
-            assert not unexpected and all(k.startswith("classifier.") for k in missing), (missing, unexpected)
+            assert not unexpected and all(k.startswith(("classifier.", POOLER)) for k in missing), (missing, unexpected)
+            if any(k.startswith(POOLER) for k in missing):
+                say(quiet, f"{self.cfg.model.init} has no pooler: it starts from random weights, as in transformers")
         task = FinetuneTask(cfg, meta, model, self.data, quiet, bucketed=runtime.kernel_per_shape)
         _describe(task, self.described, quiet)
         return task
