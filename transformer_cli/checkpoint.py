@@ -9,7 +9,6 @@ and weights are checked before any model is built. Nothing here imports the trai
 from __future__ import annotations
 
 import io
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import torch
 from torch import nn
 
 from transformer_cli.config import SCHEMAS, build_config
-from transformer_cli.errors import UserError
+from transformer_cli.errors import UserError, finite_number
 from transformer_cli.vocab import Vocab, check_bert_vocab
 
 # ----------------------------------------------------------------------------- writing
@@ -188,11 +187,11 @@ def check_resumable(ckpt: Checkpoint) -> None:
     if "rng" not in missing and not {"torch", "python"} <= set(state["rng"]):
         missing.append("rng.torch / rng.python")
     best = train_state.get("best")
-    if "train_state" not in missing and not (best is None or _finite_number(best)):
+    if "train_state" not in missing and not (best is None or finite_number(best)):
         missing.append("train_state.best (a number or null)")
     # (types checked first) a step of -3 trained over the step files of the run; NaN seconds
     negative = (
-        [] if missing else [k for k in _TRAIN_STATE if not (_finite_number(train_state[k]) and train_state[k] >= 0)]
+        [] if missing else [k for k in _TRAIN_STATE if not (finite_number(train_state[k]) and train_state[k] >= 0)]
     )
     if negative:
         raise UserError(
@@ -205,10 +204,6 @@ def check_resumable(ckpt: Checkpoint) -> None:
             f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''} that a training checkpoint "
             "holds; resume from a last.pt written by tcli train / pretrain-bert, or choose another --out"
         )
-
-
-def _finite_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _load(path: Path) -> dict[str, Any]:

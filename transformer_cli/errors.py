@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class UserError(Exception):
     """A problem the user can fix (bad config, bad data, missing file). Shown without a traceback."""
@@ -13,6 +15,11 @@ def one_line(text: str, limit: int = 600) -> str:
     """A message on one line, cut to `limit` characters: a hostile input never floods the terminal."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def finite_number(value: object) -> bool:
+    """Whether a value read from a user's file is a finite int or float (not a bool, a string, NaN or inf)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def quote(value: object, limit: int = 100) -> str:

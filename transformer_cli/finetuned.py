@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from transformer_cli import task_metrics
 from transformer_cli.bert_tokenizer import BertTokenizer, pack
 from transformer_cli.config import BertModelConfig
-from transformer_cli.errors import UserError
+from transformer_cli.errors import UserError, finite_number
 from transformer_cli.models.buckets import bucket
 from transformer_cli.models.losses import IGNORE
 
@@ -75,8 +75,7 @@ def _stored(state: dict, key: str, default: Any, kind: type, low: float, high: f
     """A number of the fine-tuning metadata, of its type and inside its bounds (max_seq_len 0 crashed the packing,
     one above the encoder's positions its embedding); one line naming the key otherwise."""
     value = state.get(key, default)
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and (kind is float or isinstance(value, int))
-    if not ok or not (low <= value <= high):
+    if not (finite_number(value) and (kind is float or isinstance(value, int)) and low <= value <= high):
         raise UserError(
             f"{source}: the stored {key} ({value!r}) is damaged: it should be a number from {low:g} to {high:g}; "
             "use another checkpoint"

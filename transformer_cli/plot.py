@@ -9,7 +9,6 @@ train events after the last known point are left out of the wall-time column.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from transformer_cli import task_metrics
 from transformer_cli.attention_plot import image_format, printable, save_figure
-from transformer_cli.errors import UserError
+from transformer_cli.errors import UserError, finite_number
 from transformer_cli.files import check_replaceable
 from transformer_cli.metrics_file import read_metrics
 
@@ -60,26 +59,22 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     return events
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _plottable(event: dict[str, Any]) -> bool:
     """A train, eval or end event whose step (and wall_s, when given) are numbers."""
     if event.get("event") not in ("train", "eval", "end"):
         return False
-    return _number(event.get("step")) and ("wall_s" not in event or _number(event["wall_s"]))
+    return finite_number(event.get("step")) and ("wall_s" not in event or finite_number(event["wall_s"]))
 
 
 def wall_clock(events: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """(steps, seconds) of the events that carry wall_s, from (0, 0), for interpolation."""
-    known = sorted({(0, 0.0), *((e["step"], float(e["wall_s"])) for e in events if _number(e.get("wall_s")))})
+    known = sorted({(0, 0.0), *((e["step"], float(e["wall_s"])) for e in events if finite_number(e.get("wall_s")))})
     steps, seconds = zip(*known)
     return np.array(steps, dtype=float), np.array(seconds, dtype=float)
 
 
 def series(events: list[dict[str, Any]], event: str, key: str) -> tuple[np.ndarray, np.ndarray]:
-    rows = [(e["step"], e[key]) for e in events if e["event"] == event and _number(e.get(key))]
+    rows = [(e["step"], e[key]) for e in events if e["event"] == event and finite_number(e.get(key))]
     if not rows:
         return np.array([]), np.array([])
     steps, values = zip(*rows)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from transformer_cli.config import TrainConfig
+from transformer_cli.errors import finite_number
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -33,7 +34,7 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             for value in values if isinstance(values, list | tuple) else [values]:
                 if isinstance(value, torch.Tensor):  # (a tensor lr, as some optimizer options keep it)
                     value = float(value) if value.numel() == 1 else math.nan
-                if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                if not finite_number(value):
                     raise ValueError(f"the optimizer's {key} of parameter group {number} is {values!r}")
     for index, p in enumerate(q for group in optimizer.param_groups for q in group["params"]):
         state = optimizer.state.get(p)
