@@ -338,8 +338,7 @@ def check_hf_config(hf: dict, expected: dict, where: str) -> None:
         value = hf.get(key)
         if key not in hf:
             raise UserError(f"{where} has no {key}; a BERT config.json gives it (tcli export-hf writes it)")
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise UserError(f"{where}: {key} is {quote(value, 60)} ({type(value).__name__}); it must be an integer")
+        check_integers(hf, [key], where)
         if value != expected[key]:
             raise UserError(
                 f"{where}: {key} is {value} but the run's model.{ours} is {expected[key]}; set model.{ours}={value}"
@@ -357,6 +356,14 @@ def check_function_keys(hf: dict, where: str) -> None:
                 f"{where} sets {key} to {quote(value, 60)}, but tcli's BERT computes with {key} {ours!r}: it "
                 "would start from another model than the folder holds; use a folder with that value"
             )
+
+
+def check_integers(hf: dict, keys: list[str], where: str) -> None:
+    """Each of `keys` that config.json gives is an integer: a size written "32", 32.0 or true is one line."""
+    for key in keys:
+        value = hf.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UserError(f"{where}: {key} is {quote(value, 60)} ({type(value).__name__}); it must be an integer")
 
 
 def _is_number(value: object) -> bool:

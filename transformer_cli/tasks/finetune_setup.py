@@ -177,7 +177,7 @@ def _random_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
 def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
     """A Hugging Face BERT folder: config.json, model.safetensors or pytorch_model.bin, and its tokenizer."""
     from transformer_cli.bert_tokenizer import tokenizer_of_hf_folder
-    from transformer_cli.hf import check_function_keys
+    from transformer_cli.hf import SIZE_KEYS, check_function_keys, check_integers
 
     where = f"model.init {folder}"
     config_path = folder / "config.json"
@@ -192,10 +192,7 @@ def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
             f"{config_path}: model_type {hf.get('model_type') if isinstance(hf, dict) else '?'!r} is not bert"
         )
     check_function_keys(hf, str(config_path))  # as --init-from-hf: layer_norm_eps, is_decoder, ... of tcli's BERT
-    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings")
-    for key in (*sizes, "vocab_size"):
-        if key in hf and (not isinstance(hf[key], int) or isinstance(hf[key], bool)):
-            raise UserError(f"{config_path}: {key} is {str(hf[key])[:40]!r}; it must be an integer")
+    check_integers(hf, [*SIZE_KEYS, "vocab_size"], str(config_path))  # (a missing one: "not a BERT config" below)
     if isinstance(hf.get("hidden_size"), int) and isinstance(hf.get("num_attention_heads"), int):
         if hf["num_attention_heads"] < 1 or hf["hidden_size"] % hf["num_attention_heads"]:
             raise UserError(
