@@ -138,7 +138,7 @@ class RunDirectory:
     def _check_own_entries(self) -> None:
         """The run's own names hold what the run writes there (a file, or a folder), checked before any write: a
         `metrics.jsonl` that had become a folder refused the resume only after run.json and config.yaml changed."""
-        files = [self.path / name for name in (MARKER, LOCK, "config.yaml", "metrics.jsonl")]
+        files = [self.path / name for name in sorted(OWN_ENTRIES - set(RUN_PARTS))]  # run.json, .lock, ...
         for folder in ("vocab", "checkpoints"):
             if (self.path / folder).is_dir():
                 files += [p for p in (self.path / folder).iterdir() if not p.name.startswith(".")]
