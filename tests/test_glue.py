@@ -207,6 +207,35 @@ def test_bad_data_in_a_later_task_stops_before_any_training(tmp_path, glue_dir):
     assert not out.exists()
 
 
+def test_a_vocab_too_small_for_a_later_task_stops_before_any_training(tmp_path, glue_dir):
+    """From scratch each task trains its own vocabulary; RTE's holds characters MNLI's does not, and vocab.size 40
+    is enough for MNLI's only. The check comes before MNLI trains."""
+    import shutil
+
+    data = tmp_path / "glue_data"
+    shutil.copytree(glue_dir, data)
+    train = data / "RTE" / "train.tsv"
+    train.write_text(train.read_text() + "99\tQXZJKVY 0123456789 PWGUE\tthe end\tentailment\n")
+    out = tmp_path / "out"
+    result = _glue("--checkpoint", "none", "--data-dir", str(data), "--out", str(out), *_sets())
+    assert result.exit_code == 2 and "vocab.size 40 is too small for" in result.output, result.output
+    assert "RTE" in result.output and not out.exists()
+
+
+def test_glue_trains_each_vocabulary_once(tmp_path, glue_dir, monkeypatch):
+    """The vocabulary glue trains to check it is the one the task's run uses: one training per task."""
+    from transformer_cli.tasks import bert_setup, finetune_setup
+
+    calls = []
+    train = bert_setup.train_bert_vocab
+    monkeypatch.setattr(finetune_setup, "_SCRATCH_VOCABS", {})
+    monkeypatch.setattr(bert_setup, "train_bert_vocab", lambda *a, **k: calls.append(1) or train(*a, **k))
+    out = tmp_path / "out"
+    result = _glue("--checkpoint", "none", "--data-dir", str(glue_dir), "--tasks", "rte", "--out", str(out), *_sets())
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 1
+
+
 def test_out_holding_anything_but_a_glue_run_is_refused_and_left_as_it_was(tmp_path, glue_dir, glue_run):
     """glue.md and glue.json would overwrite the user's files: a folder with other entries, or with a glue.json
     that tcli did not write, is refused before any run; an earlier tcli glue folder is taken (resumed)."""

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from transformer_cli.finetuned import FinetuneMeta
     from transformer_cli.runtime import Runtime
     from transformer_cli.tasks.finetune import FinetuneTask
+    from transformer_cli.vocab import Vocab
 
 DEFAULT_METRICS = {
     "classification": ("accuracy",),
@@ -155,23 +156,33 @@ def _random_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
     """init none: the sizes of `model:` (BERT-base where null) and a sentencepiece vocabulary: vocab.model, or
     one trained on the training texts, as pretrain-bert would."""
     from transformer_cli.bert_tokenizer import BertTokenizer
-    from transformer_cli.tasks.bert_setup import train_bert_vocab
     from transformer_cli.vocab import load_model_file
 
     m = cfg.model
     sizes = {k: getattr(m, k) for k in INIT_NONE_ARCHITECTURE}
     encoder = _with_dropout(BertModelConfig(**{k: v for k, v in sizes.items() if v is not None}), cfg)
-    if cfg.vocab.model is not None:
-        vocab = load_model_file(cfg.vocab.model)
-    else:
-        texts: list[str] = []
-        for ex in data.train:
-            texts += (
-                [" ".join(ex.words)] if isinstance(ex, TaggedSentence) else [ex.text, *([ex.pair] if ex.pair else [])]
-            )
-        vocab = train_bert_vocab(texts, cfg, source=str(data.files[0]))
+    vocab = load_model_file(cfg.vocab.model) if cfg.vocab.model is not None else scratch_vocab(cfg, data)
     tokenizer = BertTokenizer("sentencepiece", vocab.model_bytes, "vocab.model")
     return InitSource(encoder, len(vocab), tokenizer, None, "random weights (init: none)")
+
+
+_SCRATCH_VOCABS: dict[tuple[str, str, int], Vocab] = {}
+
+
+def scratch_vocab(cfg: FinetuneRunConfig, data: LabelledData) -> Vocab:
+    """The sentencepiece vocabulary `model.init: none` trains on the training texts, as pretrain-bert would.
+
+    Kept for the process, by texts and settings: `tcli glue` trains every task's before the first task trains (a
+    vocab.size too small for a later task's characters stops it there), and the task's run then takes it."""
+    from transformer_cli.tasks.bert_setup import train_bert_vocab
+
+    texts: list[str] = []
+    for ex in data.train:
+        texts += [" ".join(ex.words)] if isinstance(ex, TaggedSentence) else [ex.text, *([ex.pair] if ex.pair else [])]
+    key = (hashlib.sha256("\n".join(texts).encode()).hexdigest(), cfg.vocab.model_dump_json(), cfg.train.seed)
+    if key not in _SCRATCH_VOCABS:
+        _SCRATCH_VOCABS[key] = train_bert_vocab(texts, cfg, source=str(data.files[0]))
+    return _SCRATCH_VOCABS[key]
 
 
 def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
