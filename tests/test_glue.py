@@ -231,9 +231,12 @@ def test_glue_trains_each_vocabulary_once(tmp_path, glue_dir, monkeypatch):
     monkeypatch.setattr(finetune_setup, "_SCRATCH_VOCABS", {})
     monkeypatch.setattr(bert_setup, "train_bert_vocab", lambda *a, **k: calls.append(1) or train(*a, **k))
     out = tmp_path / "out"
-    result = _glue("--checkpoint", "none", "--data-dir", str(glue_dir), "--tasks", "rte", "--out", str(out), *_sets())
+    args = ("--checkpoint", "none", "--data-dir", str(glue_dir), "--tasks", "rte", "--seeds", "2", "--out", str(out))
+    result = _glue(*args, *_sets(train__max_epochs="1"))
     assert result.exit_code == 0, result.output
-    assert len(calls) == 1
+    assert len(calls) == 1  # the seeds train on every sentence: the same vocabulary
+    seeds = [(out / f"rte-seed{s}" / "vocab" / "bert.model").read_bytes() for s in (1, 2)]
+    assert seeds[0] == seeds[1]
 
 
 def test_out_holding_anything_but_a_glue_run_is_refused_and_left_as_it_was(tmp_path, glue_dir, glue_run):

@@ -166,20 +166,26 @@ def _random_init(cfg: FinetuneRunConfig, data: LabelledData) -> InitSource:
     return InitSource(encoder, len(vocab), tokenizer, None, "random weights (init: none)")
 
 
-_SCRATCH_VOCABS: dict[tuple[str, str, int], Vocab] = {}
+_SCRATCH_VOCABS: dict[tuple[str, str, int | bool], Vocab] = {}
 
 
 def scratch_vocab(cfg: FinetuneRunConfig, data: LabelledData) -> Vocab:
     """The sentencepiece vocabulary `model.init: none` trains on the training texts, as pretrain-bert would.
 
     Kept for the process, by texts and settings: `tcli glue` trains every task's before the first task trains (a
-    vocab.size too small for a later task's characters stops it there), and the task's run then takes it."""
+    vocab.size too small for a later task's characters stops it there), and the task's runs then take it, each
+    seed's too unless the seed samples the texts (more than vocab.max_sentences)."""
     from transformer_cli.tasks.bert_setup import train_bert_vocab
 
     texts: list[str] = []
     for ex in data.train:
         texts += [" ".join(ex.words)] if isinstance(ex, TaggedSentence) else [ex.text, *([ex.pair] if ex.pair else [])]
-    key = (hashlib.sha256("\n".join(texts).encode()).hexdigest(), cfg.vocab.model_dump_json(), cfg.train.seed)
+    sampled = len(texts) > cfg.vocab.max_sentences  # only then does the seed choose what it is trained on
+    key = (
+        hashlib.sha256("\n".join(texts).encode()).hexdigest(),
+        cfg.vocab.model_dump_json(),
+        sampled and cfg.train.seed,
+    )
     if key not in _SCRATCH_VOCABS:
         _SCRATCH_VOCABS[key] = train_bert_vocab(texts, cfg, source=str(data.files[0]))
     return _SCRATCH_VOCABS[key]
