@@ -659,6 +659,26 @@ def test_translate_output_options_protect_checkpoints_and_take_dash_as_stdout(wo
     assert "give a file name" in err
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_translate_files_that_fail_when_written_are_the_only_line_on_stderr(world, tmp_path):
+    """/dev/full opens and fails when written: --stats-json there printed the scores and speed, then the error."""
+    source = tmp_path / "src.txt"
+    source.write_text("a b\nc d\n")
+    code, err = tcli(
+        "translate",
+        "--checkpoint",
+        world["tr_ckpt"],
+        "--input",
+        source,
+        "--reference",
+        source,
+        "--stats-json",
+        "/dev/full",
+    )
+    one_line_error(code, err)
+    assert err.strip().startswith("error: --stats-json /dev/full: cannot write") and len(err.strip().splitlines()) == 1
+
+
 def test_evaluate_lenpen_is_bounded_like_translates(world, tmp_path):
     """`evaluate --lenpen 400` overflowed a float in beam search (a traceback); inf ranked nothing."""
     source = tmp_path / "src.txt"

@@ -158,12 +158,20 @@ def run_translate(
         "device": str(translator.runtime.device),
         "precision": translator.runtime.precision,
     }
+    score_lines: list[str] = []
     if refs is not None:
         from transformer_cli.scores import translation_scores
 
         scores = translation_scores(done.best, refs)
         stats.update(bleu=round(scores.bleu, 2), bleu_lc=round(scores.bleu_lc, 2), chrf=round(scores.chrf, 2))
-        print("\n".join(scores.lines()), file=sys.stderr)
+        score_lines = scores.lines()
+    # The files first, the report after: a file that cannot be written (--stats-json /dev/full) is the one line on
+    # stderr, not a line after the report.
+    if stats_json is not None:
+        _write_text(stats_json, json.dumps(stats, indent=1) + "\n", "--stats-json")
+    written = _write_attention(translator, done.shown, inspect.attention_dir) if inspect.attention_dir else 0
+    if score_lines:
+        print("\n".join(score_lines), file=sys.stderr)
     if not quiet:
         print(
             f"{stats['sentences']} sentences, {stats['tokens']} tokens in {stats['seconds']:.2f}s: "
@@ -171,11 +179,7 @@ def run_translate(
             f"(beam {opts.beam}, {stats['device']}, {stats['precision']})",
             file=sys.stderr,
         )
-    if stats_json is not None:
-        _write_text(stats_json, json.dumps(stats, indent=1) + "\n", "--stats-json")
-    if inspect.attention_dir is not None:
-        written = _write_attention(translator, done.shown, inspect.attention_dir)
-        if not quiet:
+        if inspect.attention_dir is not None:
             print(f"attention of {written} sentences written to {inspect.attention_dir}", file=sys.stderr)
     return stats
 
