@@ -97,6 +97,25 @@ def test_average_of_two_is_the_elementwise_mean_and_reads_like_any_checkpoint(tm
     assert tcli("average", "--checkpoints", str(a), str(b), "--out", str(out), "--force")[0] == 0
 
 
+def test_tied_weights_stored_apart_are_averaged_as_the_model_ties_them(tmp_path, vocab):
+    """A checkpoint converted to half precision ({k: v.half()}) stores its three tied matrices as three tensors:
+    the average took its ties from the file and failed (KeyError). They come from the model; the file's dtype stays."""
+    a = write_checkpoint(tmp_path / "a.pt", vocab, seed=1, step=10)
+    b = write_checkpoint(tmp_path / "b.pt", vocab, seed=2, step=20)
+    state = torch.load(a, weights_only=True)
+    state["model"] = {name: t.half() for name, t in state["model"].items()}
+    torch.save(state, a)
+    assert len({t.data_ptr() for t in torch.load(a, weights_only=True)["model"].values()}) == len(state["model"])
+    out = tmp_path / "avg.pt"
+    code, err = tcli("average", "--checkpoints", str(a), str(b), "--out", str(out))
+    assert code == 0, err
+    wa, wb, avg = (read_checkpoint(p).weights for p in (a, b, out))
+    for name in wa:
+        assert avg[name].dtype == torch.float16
+        assert torch.allclose(avg[name].float(), (wa[name].float() + wb[name]) / 2, atol=1e-3), name
+    assert avg["out_proj.weight"] is avg["src_embed.weight"] is avg["tgt_embed.weight"]
+
+
 def test_run_last_n_takes_the_newest_steps_by_number(tmp_path, vocab):
     ckpts = tmp_path / "run" / "checkpoints"
     for seed, step in ((1, 9), (2, 10), (3, 100)):

@@ -35,42 +35,37 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         raise UserError(f"averaging needs at least two checkpoints, got {len(paths)}")
     check_distinct(paths)
     first = read_checkpoint(paths[0])
-    total = _fp32_weights(first)
+    total, owner = _fp32_weights(first)
     steps = [_step(first)]
     for path in paths[1:]:
         ckpt = read_checkpoint(path)
         check_compatible(first, ckpt)
         if (other := other_run(first, ckpt)) is not None:
             print(f"warning: {other}: the mean of two runs' weights is rarely a good model", file=sys.stderr)
-        for name, t in _fp32_weights(ckpt).items():
+        for name, t in _fp32_weights(ckpt)[0].items():
             total[name] += t
         steps.append(_step(ckpt))
         del ckpt
-    reference = first.weights
-    mean = {name: (t / len(paths)).to(reference[name].dtype) for name, t in total.items()}
+    mean = {name: (t / len(paths)).to(first.weights[name].dtype) for name, t in total.items()}  # the stored dtype
     state = {k: v for k, v in first.state.items() if k not in _TRAINING_ONLY}
-    state["model"] = _retie(reference, mean)
+    state["model"] = {name: mean[owner[name]] for name in owner}  # tied names share one tensor, as in the model
     state["tcli"] = {**first.state["tcli"], "averaged": {"checkpoints": [str(p) for p in paths], "steps": steps}}
     return state
 
 
-def _fp32_weights(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
-    """The checkpoint's validated weights in fp32, one entry per storage (tied names share one entry)."""
+def _fp32_weights(ckpt: Checkpoint) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The checkpoint's validated weights in fp32, one entry per storage of the model (tied names share one), and
+    each name's owner: the first name of its storage. The ties are the model's, not the file's: a file converted
+    to another dtype (`{k: v.half()}`) stores tied weights as separate tensors."""
     model = ckpt.build_model()  # names, shapes and finiteness checked against the config
-    seen: set[int] = set()
-    out = {}
+    first_name: dict[int, str] = {}
+    out, owner = {}, {}
     for name, t in model.state_dict().items():
-        if t.data_ptr() in seen:
-            continue
-        seen.add(t.data_ptr())
-        out[name] = t.detach().to(torch.float32, copy=True)
-    return out
-
-
-def _retie(reference: dict[str, torch.Tensor], mean: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A state dict with every name of `reference`; names that share storage there share one tensor here."""
-    owner = {t.data_ptr(): name for name, t in reversed(list(reference.items())) if name in mean}
-    return {name: mean[owner[t.data_ptr()]] for name, t in reference.items()}
+        if t.data_ptr() not in first_name:
+            first_name[t.data_ptr()] = name
+            out[name] = t.detach().to(torch.float32, copy=True)
+        owner[name] = first_name[t.data_ptr()]
+    return out, owner
 
 
 def _step(ckpt: Checkpoint) -> int | None:
