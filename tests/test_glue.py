@@ -193,6 +193,18 @@ def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, glue_dir):
     assert result.exit_code == 2 and "max_seq_len" in result.output and not out.exists()
 
 
+def test_a_starting_model_that_cannot_be_read_is_the_only_line(tmp_path, glue_dir):
+    """Checked before the first run starts: the progress lines of that run came before the error."""
+    notes = tmp_path / "notes.pt"
+    notes.write_text("not a checkpoint\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["glue", "--checkpoint", str(notes), "--data-dir", str(glue_dir), "--out", str(out), "--device", "cpu"]
+    )
+    assert result.exit_code == 2 and "not a readable tcli checkpoint" in result.output, result.output
+    assert result.output.count("\n") == 1 and not out.exists()
+
+
 def test_bad_data_in_a_later_task_stops_before_any_training(tmp_path, glue_dir):
     """RTE comes after MNLI in GLUE's order; its bad row is found before MNLI trains."""
     import shutil

@@ -211,20 +211,23 @@ def run_glue(
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune on each task (and seed), then write glue.json and glue.md into `out`; returns glue.json's data."""
-    from transformer_cli.tasks.finetune_setup import finetune, read_labelled, scratch_vocab
+    from transformer_cli.tasks.finetune_setup import finetune, read_labelled, resolve_init
 
     if seeds < 1:
         raise UserError(f"--seeds {seeds}: give 1 or more runs per task")
     check_out(Path(out))
     runs = plan(checkpoint, Path(data_dir), parse_tasks(tasks, Path(data_dir)), seeds, Path(out), overrides or [])
     # Every task's files are read and checked before any training: a bad row in the last task stops here, not after
-    # the first tasks have trained; so does, from scratch, a vocab.size too small for a task's characters (each new
-    # run's vocabulary is trained here, and the run takes it).
+    # the first tasks have trained; so does a starting model that cannot be read, and, from scratch, a vocab.size too
+    # small for a task's characters (each new run's vocabulary is trained here, and the run takes it).
+    init_checked = False
     for run in {r.task: r for r in runs}.values():
         data = read_labelled(run.cfg)
-        new = not (run.out / "checkpoints" / "last.pt").exists()
-        if new and run.cfg.model.init.lower() == "none" and run.cfg.vocab.model is None:
-            scratch_vocab(run.cfg, data)
+        if (run.out / "checkpoints" / "last.pt").exists():
+            continue  # resumed from its own checkpoint
+        if run.cfg.model.init.lower() == "none" or not init_checked:
+            resolve_init(run.cfg, data)
+            init_checked = True
     created = not out.exists()
     results: dict[str, list[dict[str, dict[str, float]]]] = {}
     try:
