@@ -329,6 +329,20 @@ def test_damaged_fine_tuning_numbers_are_one_line(tmp_path, finetuned, key, valu
         assert result.exit_code == 2 and f"the stored {key}" in result.output, result.output
 
 
+@pytest.mark.parametrize("labels", [[], ["0"], ["0", "0"], ["0", 1], "01"])
+def test_a_damaged_label_set_is_one_line(tmp_path, finetuned, labels):
+    """A classifier's labels: two or more distinct strings (none printed torch's warning about a zero-size head)."""
+    state = torch.load(finetuned / "checkpoints" / "best.pt", weights_only=True)
+    state["finetune"]["labels"] = labels
+    damaged = tmp_path / "damaged.pt"
+    torch.save(state, damaged)
+    for command in (["predict", "--checkpoint", str(damaged)], ["count-params", "--checkpoint", str(damaged)]):
+        result = CliRunner().invoke(app, command, input="a cat sat\n")
+        assert result.exit_code == 2 and result.output.startswith("error: "), result.output
+        assert "stored label set of its classification head is damaged" in result.output, result.output
+        assert result.output.count("\n") == 1, result.output
+
+
 def test_predict_never_writes_over_what_it_reads_nor_an_output_it_cannot_replace(tmp_path, finetuned, sst):
     """--output naming the checkpoint or the input (a link to it too) is refused before any work; a predict that
     fails before its first line leaves an existing --output as it was; an empty input gives an empty file; a

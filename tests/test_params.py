@@ -160,14 +160,30 @@ def test_config_kind_and_shipped_config(tmp_path):
     _check_report(r)
 
 
-def _save(tmp_path: Path, kind: str, cfg, model: torch.nn.Module) -> Path:
+@pytest.fixture(scope="module")
+def bert_vocab():
+    """A small BERT vocabulary ([PAD] [UNK] [CLS] [SEP] [MASK] first) over the toy corpus."""
+    from transformer_cli.vocab import train_vocab
+
+    lines = (ROOT / "data" / "toy" / "train.src").read_text(encoding="utf-8").splitlines()
+    specials = {"pad_piece": "[PAD]", "unk_piece": "[UNK]", "control_symbols": ("[CLS]", "[SEP]", "[MASK]")}
+    return train_vocab(lines, size=90, bos_eos=False, **specials)
+
+
+def _state(kind: str, cfg, weights: dict, vocab) -> dict:
+    """A checkpoint as the trainer writes it, less what only a resume reads."""
+    stored = {"bert" if kind == "bert" else "joint": vocab.model_bytes}
+    return {"tcli": {"kind": kind}, "config": cfg.model_dump(mode="json"), "vocab": stored, "model": weights}
+
+
+def _save(tmp_path: Path, kind: str, cfg, model: torch.nn.Module, vocab) -> Path:
     path = tmp_path / f"{kind}.pt"
-    torch.save({"tcli": {"kind": kind}, "config": cfg.model_dump(mode="json"), "model": model.state_dict()}, path)
+    torch.save(_state(kind, cfg, model.state_dict(), vocab), path)
     return path
 
 
 @pytest.mark.parametrize("tie", [True, False])
-def test_translation_checkpoint(tmp_path, capsys, tie):
+def test_translation_checkpoint(tmp_path, capsys, tie, toy_vocab):
     raw = {
         "vocab": {"size": 100},
         "data": {"max_len": 30},
@@ -184,19 +200,20 @@ def test_translation_checkpoint(tmp_path, capsys, tie):
         },
     }
     cfg = build_config(TranslationRunConfig, raw, "test")
-    model = build_transformer(cfg.model, 100, 100)
-    path = _save(tmp_path, "translation", cfg, model)
+    V = len(toy_vocab)
+    model = build_transformer(cfg.model, V, V)
+    path = _save(tmp_path, "translation", cfg, model, toy_vocab)
     unique = sum(p.numel() for p in model.parameters())
     weights = torch.load(path, weights_only=True)["model"]
     assert stored_count(weights) == unique
     if tie:
-        assert sum(t.numel() for t in weights.values()) == unique + 2 * 100 * 16  # stored once, named thrice
+        assert sum(t.numel() for t in weights.values()) == unique + 2 * V * 16  # stored once, named thrice
     r = run_count_params(None, path, None, None, True)
     assert r["stored_total"] == r["total"] == unique and r["stored_matches"]
     assert json.loads(capsys.readouterr().out)["total"] == unique
 
 
-def test_bert_checkpoint(tmp_path, capsys):
+def test_bert_checkpoint(tmp_path, capsys, bert_vocab):
     raw = {
         "vocab": {"size": 120},
         "data": {"max_seq_len": 16},
@@ -204,44 +221,56 @@ def test_bert_checkpoint(tmp_path, capsys):
         "model": {"d_model": 16, "layers": 2, "heads": 2, "ffn_dim": 48, "max_positions": 16},
     }
     cfg = build_config(BertRunConfig, raw, "test")
-    model = build_bert(cfg.model, 90)  # the trained vocabulary may be smaller than vocab.size
-    path = _save(tmp_path, "bert", cfg, model)
+    model = build_bert(cfg.model, len(bert_vocab))  # the trained vocabulary may be smaller than vocab.size
+    path = _save(tmp_path, "bert", cfg, model, bert_vocab)
     unique = sum(p.numel() for p in model.parameters())
     assert stored_count(torch.load(path, weights_only=True)["model"]) == unique
     r = run_count_params(None, path, None, None, False)
-    assert r["sizes"]["V"] == 90
+    assert r["sizes"]["V"] == len(bert_vocab) < cfg.vocab.size
     assert r["stored_total"] == r["total"] == r["formula_total"] == unique
     out = capsys.readouterr().out
     assert f"{unique:,}" in out and "equal to the model count" in out
 
 
 @pytest.mark.parametrize("kind", ["bert", "translation"])
-def test_checkpoint_is_checked_like_every_command_that_loads_one(tmp_path, kind):
-    """NaN weights, a missing, extra, mis-shaped or integer tensor: one line naming the file, as translate's and
-    export-hf's (checkpoint.Checkpoint.check), not a count of a broken file."""
+def test_checkpoint_is_checked_like_every_command_that_loads_one(tmp_path, kind, toy_vocab, bert_vocab):
+    """NaN weights, a missing, extra, mis-shaped, integer, sparse or meta tensor, a vocabulary sentencepiece cannot
+    read or of another size than the embeddings: one line naming the file, as translate's and export-hf's
+    (checkpoint.read_checkpoint and Checkpoint.check), not a count of a broken file."""
+    vocab = bert_vocab if kind == "bert" else toy_vocab
     if kind == "bert":
         raw = {"train": {"max_steps": 1}, "model": {"d_model": 16, "layers": 1, "heads": 2, "ffn_dim": 32}}
         cfg = build_config(BertRunConfig, {**raw, "data": {"max_seq_len": 16}}, "test")
-        model = build_bert(cfg.model, 60)
+        model = build_bert(cfg.model, len(vocab))
+        other = build_bert(cfg.model, len(vocab) + 1).state_dict()
     else:
         dims = {"d_model": 16, "heads": 2, "ffn_dim": 32, "enc_layers": 1, "dec_layers": 1, "max_positions": 32}
         cfg = build_config(
             TranslationRunConfig, {"train": {"max_steps": 1}, "data": {"max_len": 30}, "model": dims}, "test"
         )
-        model = build_transformer(cfg.model, 60, 60)
+        model = build_transformer(cfg.model, len(vocab), len(vocab))
+        other = build_transformer(cfg.model, len(vocab) + 1, len(vocab) + 1).state_dict()
     weights = model.state_dict()
     name = next(k for k, t in weights.items() if t.dim() == 2 and "embed" not in k)
+    path = tmp_path / f"{kind}.pt"
     for broken, message in (
         ({**weights, name: torch.full_like(weights[name], float("nan"))}, "NaN or infinite"),
         ({k: t for k, t in weights.items() if k != name}, f"lack {name}"),
         ({**weights, "surprise.weight": torch.zeros(2)}, "unexpected tensor 'surprise.weight'"),
         ({**weights, name: weights[name][:, :-1]}, "has shape"),
         ({**weights, name: weights[name].long()}, f"{name} is int64, not floating-point"),  # would load as zeros
+        ({**weights, name: weights[name].to_sparse()}, f"{name} is a sparse_coo tensor"),  # were tracebacks
+        ({**weights, name: torch.empty_like(weights[name], device="meta")}, f"{name} is a meta tensor"),
+        (other, "has shape"),  # embeddings of one more row than the vocabulary has pieces
     ):
-        path = tmp_path / f"{kind}.pt"
-        torch.save({"tcli": {"kind": kind}, "config": cfg.model_dump(mode="json"), "model": broken}, path)
+        torch.save(_state(kind, cfg, broken, vocab), path)
         msg = _one_line_error(None, path, None, None, False)
         assert message in msg and str(path) in msg, msg
+    state = _state(kind, cfg, weights, vocab)
+    state["vocab"] = {key: b"garbage" * 10 for key in state["vocab"]}  # counted in full before
+    torch.save(state, path)
+    msg = _one_line_error(None, path, None, None, False)
+    assert "vocabulary is not a valid sentencepiece model" in msg and str(path) in msg, msg
 
 
 def _one_line_error(*args) -> str:

@@ -9,6 +9,7 @@ and weights are checked before any model is built. Nothing here imports the trai
 from __future__ import annotations
 
 import io
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,25 +63,24 @@ class Checkpoint:
         model.load_state_dict(self.weights)
         return model
 
-    def check(self, vocab_sizes: tuple[int, int] | None = None) -> None:
+    def check(self) -> None:
         """Every tensor's name and shape against the config (on the meta device: no memory), and every weight
-        finite: one-line errors naming the file. `vocab_sizes` (source, target) stand in for vocabularies that
-        were not read (`read_checkpoint(vocab=False)`)."""
+        finite: one-line errors naming the file."""
         try:
             with torch.device("meta"):
-                expected = self._build(vocab_sizes).state_dict()
+                expected = self._build().state_dict()
         except ValueError as e:
             raise UserError(f"{self.path}: its config does not describe a valid model: {e}") from None
         check_weights(self.weights, expected, str(self.path))
 
-    def _build(self, vocab_sizes: tuple[int, int] | None = None) -> nn.Module:
+    def _build(self) -> nn.Module:
         from transformer_cli.models.builders import build_bert, build_transformer
 
         if self.kind == "finetune":
             from transformer_cli.finetuned import build_classifier
 
             return build_classifier(self.finetune)
-        src, tgt = vocab_sizes or (len(self.vocabs[0]), len(self.vocabs[-1]))
+        src, tgt = len(self.vocabs[0]), len(self.vocabs[-1])
         if self.kind == "bert":
             return build_bert(self.cfg.model, src)
         return build_transformer(self.cfg.model, src, tgt)
@@ -104,6 +104,9 @@ def check_weights(weights: dict[str, Any], expected: dict[str, torch.Tensor], so
         t = weights[name]
         if not isinstance(t, torch.Tensor):
             raise UserError(f"{source}: {name} is a {type(t).__name__}, not a tensor")
+        if t.layout != torch.strided or t.is_meta or t.is_quantized:  # values no model can load or check
+            what = "meta" if t.is_meta else "quantized" if t.is_quantized else str(t.layout).removeprefix("torch.")
+            raise UserError(f"{source}: {name} is a {what} tensor, not a dense one of values; the file is damaged")
         if tuple(t.shape) != tuple(ref.shape):
             raise UserError(f"{source}: {name} has shape {tuple(t.shape)} but the config needs {tuple(ref.shape)}")
         if t.dtype != ref.dtype and not (t.is_floating_point() and ref.is_floating_point()):
@@ -127,9 +130,8 @@ USED_BY = {
 }
 
 
-def read_checkpoint(path: str | Path, kind: str | None = None, vocab: bool = True) -> Checkpoint:
+def read_checkpoint(path: str | Path, kind: str | None = None) -> Checkpoint:
     """Load and validate a tcli checkpoint; `kind` ("translation" or "bert") refuses the other kind.
-    `vocab=False` skips the vocabularies (counting parameters needs none; `vocabs` is then empty).
 
     Every problem is a one-line UserError naming the file: not found, not a torch file, not a tcli
     checkpoint, an invalid config, a vocabulary sentencepiece cannot read, weights that are not tensors.
@@ -148,7 +150,7 @@ def read_checkpoint(path: str | Path, kind: str | None = None, vocab: bool = Tru
         raise UserError(f"{path} holds no run config; pass a file from <run>/checkpoints/")
     cfg = build_config(SCHEMAS[found], state["config"], f"the config stored in {path}")
     # A fine-tuned model carries its tokenizer (sentencepiece or HF) in state["finetune"], read by .finetune.
-    vocabs = _vocabs(state.get("vocab"), found, cfg, path) if vocab and found != "finetune" else ()
+    vocabs = _vocabs(state.get("vocab"), found, cfg, path) if found != "finetune" else ()
     if not all(isinstance(k, str) for k in state["model"]):
         raise UserError(f"{path}: the weights are not a state dict of named tensors")
     return Checkpoint(path, found, cfg, vocabs, state)
@@ -214,7 +216,7 @@ def _load(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path} is not a file; pass a .pt file from <run>/checkpoints/")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch_load(path)
     except Exception as e:  # torch raises many types for a damaged, truncated or foreign file
         raise UserError(
             f"{path} is not a readable tcli checkpoint: the file is truncated, damaged or not a torch file "
@@ -223,6 +225,15 @@ def _load(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise UserError(f"{path} is not a tcli checkpoint (it holds a {type(state).__name__}, not a dict)")
     return state
+
+
+def torch_load(path: Path) -> Any:
+    """torch.load of a user's file: tensors and containers only (a file cannot run code), onto the CPU, without
+    torch's warnings about what the file holds (an old pickle protocol, a sparse layout), which are not the user's
+    to act on: the caller checks what it got."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _first_sentence(e: Exception, most: int = 100) -> str:

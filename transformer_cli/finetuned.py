@@ -59,8 +59,14 @@ class FinetuneMeta:
         if not isinstance(state, dict) or state.get("kind") not in ("classification", "regression", "tagging"):
             raise UserError(f"{source}: the fine-tuning metadata is missing or damaged")
         labels = state.get("labels")
-        if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
-            raise UserError(f"{source}: the stored label set is damaged")
+        fewest = {"classification": 2, "regression": 0, "tagging": 1}[state["kind"]]  # as training has them
+        if (
+            not isinstance(labels, list)
+            or not all(isinstance(x, str) for x in labels)
+            or len(set(labels)) != len(labels)
+            or not fewest <= len(labels) <= (0 if state["kind"] == "regression" else 10**6)
+        ):
+            raise UserError(f"{source}: the stored label set of its {state['kind']} head is damaged")
         from transformer_cli.config import build_config
 
         encoder = build_config(BertModelConfig, state.get("encoder") or {}, f"the encoder config stored in {source}")

@@ -398,28 +398,18 @@ def stored_count(weights: dict[str, Any]) -> int:
     return total
 
 
-def _rows(weights: dict[str, Any], name: str, path: Path) -> int:
-    t = weights.get(name)
-    if not isinstance(t, torch.Tensor) or t.dim() != 2:
-        raise UserError(f"{path}: the model weights lack {name}; is it a checkpoint of this tcli version?")
-    return t.shape[0]
-
-
 def count_checkpoint(path: Path) -> dict[str, Any]:
     """The stored element count of a checkpoint, beside the count of the model its config builds."""
-    ckpt = read_checkpoint(path, vocab=False)
+    ckpt = read_checkpoint(path)  # its vocabularies too: every command checks a checkpoint whole
     if ckpt.kind == "finetune":
         ckpt.check()
         report = count_finetuned(ckpt.finetune, f"checkpoint {path}")
         report["stored_total"] = stored_count(ckpt.weights)
         report["stored_matches"] = report["stored_total"] == report["total"]
         return report
-    kind, cfg, weights = ckpt.kind, ckpt.cfg, ckpt.weights
-    src, tgt = ("embeddings.token.weight",) * 2 if kind == "bert" else ("src_embed.weight", "tgt_embed.weight")
-    sizes = _rows(weights, src, path), _rows(weights, tgt, path)
-    ckpt.check(sizes)
-    report = count_config(cfg, *sizes, f"checkpoint {path}")
-    report["stored_total"] = stored_count(weights)
+    ckpt.check()
+    report = count_config(ckpt.cfg, len(ckpt.vocabs[0]), len(ckpt.vocabs[-1]), f"checkpoint {path}")
+    report["stored_total"] = stored_count(ckpt.weights)
     report["stored_matches"] = report["stored_total"] == report["total"]
     return report
 

@@ -280,8 +280,6 @@ def _hf_encoder_weights(folder: Path, encoder: BertModelConfig, vocab_size: int)
 
 
 def _read_hf_weights(folder: Path) -> dict[str, Tensor]:
-    import torch
-
     path = folder / "model.safetensors"
     if path.is_file():
         from transformer_cli.hf import _read_safetensors
@@ -290,8 +288,10 @@ def _read_hf_weights(folder: Path) -> dict[str, Tensor]:
     path = folder / "pytorch_model.bin"
     if not path.is_file():
         raise UserError(f"model.init {folder}: no model.safetensors or pytorch_model.bin")
+    from transformer_cli.checkpoint import torch_load
+
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch_load(path)
     except Exception as e:  # a damaged or foreign file
         raise UserError(f"{path} is not a readable weights file ({str(e).splitlines()[0][:120]})") from None
     if not isinstance(state, dict):
