@@ -198,6 +198,21 @@ def _damage(state: dict, how: str) -> None:
         state["rng"]["python"] = "x"
     elif how == "scheduler":
         state["scheduler"] = {}
+    elif how in ("schedule_step", "schedule_behind", "far_step"):  # the schedule failed at the first update
+        key, value = {"schedule_step": ("last_epoch", "x"), "schedule_behind": ("last_epoch", -100)}.get(how, (0, 0))
+        if how == "far_step":
+            state["train_state"]["step"] = 10**18  # ended the run at once, at step 10**18
+        else:
+            state["scheduler"][key] = value
+    elif how == "base_lrs":
+        state["scheduler"]["base_lrs"][0] = math.nan
+    elif how == "ids":  # the saved moments attached to no parameter: AdamW started afresh
+        for group in state["optimizer"]["param_groups"]:
+            group["params"] = [i + 1000 for i in group["params"]]
+    elif how == "adam_step":
+        next(iter(state["optimizer"]["state"].values()))["step"] = torch.tensor(1e9)
+    elif how == "sparse":
+        weights[name] = weights[name].to_sparse()
     elif how in ("best", "step", "batch_in_epoch", "train_seconds"):
         state["train_state"][how] = {"best": "abc", "step": -3, "batch_in_epoch": -5, "train_seconds": math.nan}[how]
 
@@ -215,6 +230,13 @@ def _damage(state: dict, how: str) -> None:
         ("nan_lr", "lr of parameter group 0 is nan"),
         ("rng", "training state does not load"),
         ("scheduler", "training state does not load"),
+        ("schedule_step", "the schedule is at step 'x'"),
+        ("schedule_behind", "the schedule is at step -100"),
+        ("far_step", "the train state at 1000000000000000000"),
+        ("base_lrs", "the schedule's base_lrs is [nan"),
+        ("ids", "names parameter 0, which no parameter group holds"),
+        ("adam_step", "step of parameter 0 is 1000000000.0"),
+        ("sparse", "is a sparse_coo tensor"),
         ("best", "train_state.best"),
         ("step", "train_state.step is -3"),
         ("batch_in_epoch", "train_state.batch_in_epoch is -5"),

@@ -33,7 +33,13 @@ from transformer_cli.errors import UserError
 from transformer_cli.files import write_atomic
 from transformer_cli.runtime import Runtime, release_free_memory
 from transformer_cli.train.metrics import MetricsLog
-from transformer_cli.train.optim import build_optimizer, build_scheduler, check_optimizer_state, optimizer_step
+from transformer_cli.train.optim import (
+    build_optimizer,
+    build_scheduler,
+    check_optimizer_state,
+    check_scheduler_state,
+    optimizer_step,
+)
 from transformer_cli.train.stop import saved_stop_reason, stop_reason
 
 
@@ -542,8 +548,9 @@ class Trainer:
     def _restore(self, ckpt: dict[str, Any]) -> None:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
-        check_optimizer_state(self.optimizer)
+        check_optimizer_state(self.optimizer, ckpt["train_state"]["step"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
+        check_scheduler_state(self.scheduler, ckpt["train_state"]["step"])
         self.scaler.load_state_dict(ckpt["scaler"])
         ts, state = ckpt["train_state"], self.state
         state.step, state.epoch, state.batch_in_epoch = ts["step"], ts["epoch"], ts["batch_in_epoch"]

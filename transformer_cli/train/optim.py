@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from transformer_cli.config import TrainConfig
-from transformer_cli.errors import finite_number
+from transformer_cli.errors import finite_number, quote
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -24,10 +24,14 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
     )
 
 
-def check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """AdamW's state as loaded from a checkpoint: finite numbers in each group, and for each parameter that has
-    one, a step and two moments of the parameter's shape, finite. load_state_dict takes anything and the first
-    update would fail on it (or train on NaN moments); raise ValueError naming the first problem."""
+def check_optimizer_state(optimizer: torch.optim.Optimizer, steps: int) -> None:
+    """AdamW's state as loaded from a checkpoint of `steps` updates: finite numbers in each group, every state
+    attached to a parameter, and for each parameter that has one, a step of at most `steps` and two moments of
+    the parameter's shape, finite. load_state_dict takes anything and the first update would fail on it (or
+    train on NaN moments, or on fresh ones); raise ValueError naming the first problem."""
+    orphans = [key for key in optimizer.state if not isinstance(key, torch.Tensor)]
+    if orphans:  # saved ids that match no parameter: torch keeps their state aside, and AdamW starts afresh
+        raise ValueError(f"the optimizer state names parameter {quote(orphans[0], 40)}, which no parameter group holds")
     for number, group in enumerate(optimizer.param_groups):  # a NaN lr trained NaN weights until "diverged"
         for key in ("lr", "initial_lr", "eps", "weight_decay", "betas"):
             values = group.get(key, ())
@@ -50,6 +54,23 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                 )
             if not bool(torch.isfinite(value).all()):
                 raise ValueError(f"the optimizer's {key} of parameter {index} holds NaN or infinite values")
+            if key == "step" and not (value.numel() == 1 and 0 <= float(value) <= steps):
+                raise ValueError(f"the optimizer's step of parameter {index} is {value.tolist()}, of {steps} updates")
+
+
+def check_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
+    """The schedule as loaded from a checkpoint of `steps` updates: it took one step per update (skipped ones too),
+    from finite base rates, one per parameter group. load_state_dict takes anything: a damaged step failed at the
+    first update, after the run's logs were opened; raise ValueError naming the first problem."""
+    at = scheduler.last_epoch
+    if not isinstance(at, int) or isinstance(at, bool) or at != steps:
+        raise ValueError(f"the schedule is at step {quote(at, 40)}, the train state at {steps}")
+    for key in ("base_lrs", "_last_lr"):
+        rates = getattr(scheduler, key, None)
+        if not (isinstance(rates, list) and len(rates) == len(scheduler.optimizer.param_groups)):
+            raise ValueError(f"the schedule's {key} is {quote(rates, 60)}, not a rate per parameter group")
+        if not all(finite_number(rate) for rate in rates):
+            raise ValueError(f"the schedule's {key} is {quote(rates, 60)}")
 
 
 def optimizer_step(
