@@ -305,6 +305,27 @@ def test_an_output_that_is_the_file_stdout_writes_to_is_refused(tmp_path, monkey
     os.close(read)
 
 
+def test_an_output_that_is_the_file_stdin_reads_is_refused(tmp_path, monkeypatch):
+    """`predict -o in.txt < in.txt` emptied in.txt after reading its first chunk (4,096 lines), then predicted
+    what was left of it: the rest of the input was lost. With the input on stdin, an output naming stdin's file
+    (by any name) is refused before any work; with --input FILE, stdin is not read and may be anything."""
+    from transformer_cli.errors import UserError
+    from transformer_cli.streams import check_outputs
+
+    source = tmp_path / "in.txt"
+    source.write_text("a b\n")
+    with open(source) as redirected:
+        monkeypatch.setattr(sys, "stdin", redirected)
+        for name in (source, Path(f"/proc/self/fd/{redirected.fileno()}")):
+            for given in (None, Path("-")):
+                with pytest.raises(UserError, match="--output .* is the file standard input reads from"):
+                    check_outputs([("--output", name)], [("--checkpoint", tmp_path / "m.pt"), ("--input", given)])
+            with pytest.raises(UserError, match="--stats-json .* is the file standard input reads from"):
+                check_outputs([("--output", None), ("--stats-json", name)], [("--input", None)])
+        check_outputs([("--output", source)], [("--input", tmp_path / "other.txt")])
+        check_outputs([("--output", tmp_path / "out.txt")], [("--input", None)])
+
+
 def test_a_line_without_end_from_a_device_or_pipe_is_bounded(tmp_path, monkeypatch):
     """`predict --input /dev/zero` filled the memory until the kernel killed it: a stream that is no regular file
     gets MAX_STREAM_LINE_BYTES per line; a regular file's long line is read whole (the file bounds it)."""

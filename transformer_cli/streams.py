@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from transformer_cli.datasets.text import LineReader, open_lines
 from transformer_cli.errors import UserError
@@ -84,20 +84,27 @@ def check_outputs(outputs: Sequence[tuple[str, Path | None]], inputs: Sequence[t
     (main, main_path), *others = outputs
     if is_standard(main_path):  # the results go to stdout: another output that is stdout's file would truncate it
         for option, path in others:
-            if path is not None and _is_stdout_file(path):
+            if path is not None and _is_stream_file(sys.stdout, path):
                 raise UserError(
                     f"{option} {path} is the file standard output writes to, where the results go without {main}: "
                     f"opening it would empty that file; give {option} another path"
                 )
+    reads_stdin = any(option == "--input" and is_standard(path) for option, path in inputs)
+    for option, path in outputs if reads_stdin else ():  # `-o in.txt < in.txt`: emptied after its first chunk
+        if not is_standard(path) and _is_stream_file(sys.stdin, path):
+            raise UserError(
+                f"{option} {path} is the file standard input reads from, the input: writing it would empty it "
+                f"while it is read; give {option} another path"
+            )
 
 
-def _is_stdout_file(path: Path) -> bool:
-    """Whether `path` names the regular file this process's standard output was redirected to (`/dev/stdout`,
-    or the file itself, with `> out.txt`)."""
+def _is_stream_file(stream: Any, path: Path) -> bool:
+    """Whether `path` names the regular file a standard stream of this process was redirected to or from
+    (`/dev/stdout`, or the file itself, with `> out.txt` or `< in.txt`)."""
     try:
-        ours = os.fstat(sys.stdout.fileno())
+        ours = os.fstat(stream.fileno())
         return stat.S_ISREG(ours.st_mode) and os.path.samestat(ours, os.stat(path))
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no file behind stdout (a test's buffer)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no file behind it (a test's buffer)
         return False
 
 
