@@ -184,7 +184,9 @@ def test_jsonl_reads_keys_and_skips_blank_lines(tmp_path):
     "line,match",
     [
         ("[1, 2]", "not a JSON object"),
-        ("{not json", "not a JSON object"),
+        ("{not json", "not valid JSON .Expecting property name enclosed in double quotes, column 2"),
+        ('{"text": "a", "n": 1' + "0" * 5000 + "}", "not valid JSON .Exceeds the limit .4300 digits"),  # tracebacks
+        ('{"text": "a", "n": ' + "[" * 100_000 + "]" * 100_000 + "}", "not valid JSON .nested too deeply"),
         ('{"label": "x"}', "no key 'text'"),
         ('{"text": 5, "label": "x"}', "not a string"),
         ('{"text": "", "label": "x"}', "empty text"),

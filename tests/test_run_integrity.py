@@ -262,6 +262,21 @@ def test_a_damaged_last_pt_is_refused_on_resume(tmp_path, finished_run, how, fra
     assert ((copy / ".lock").read_bytes(), (copy / ".lock").stat().st_mtime_ns) == holder
 
 
+@pytest.mark.parametrize("line", [b"[1]\n", b"\xff\xfe\n", b"[" * 100_000 + b"]" * 100_000 + b"\n", b"{oops\n"])
+def test_a_damaged_metrics_line_is_refused_on_resume(tmp_path, finished_run, line):
+    """A whole line of metrics.jsonl that is no event (not tcli's writing: a kill cuts only the last line short,
+    which the resume drops) was a traceback after run.json said "running", or was dropped in silence."""
+    cfg, run = finished_run
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    log = copy / "metrics.jsonl"
+    events = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(events[:2]) + line + b"".join(events[2:]))
+    before = snapshot(copy)
+    one_line_error(train(cfg, copy, "--resume", "auto", "--set", "train.max_steps=6"), "metrics.jsonl line 3 is not")
+    assert snapshot(copy) == before
+
+
 @pytest.mark.parametrize(
     "key, value",
     [

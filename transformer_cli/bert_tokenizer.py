@@ -145,7 +145,7 @@ def tokenizer_of_hf_folder(folder: Path) -> BertTokenizer:
 def _json_object(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise UserError(f"cannot read {path} as JSON: {str(e)[:120]}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object")

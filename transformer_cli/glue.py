@@ -161,7 +161,7 @@ def _is_summary(path: Path) -> bool:
     """Whether `path` is a glue.json that tcli glue wrote."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and {"score", "tasks", "runs"} <= set(data)
 
@@ -172,7 +172,7 @@ def best_eval(run_dir: Path) -> dict[str, Any]:
     for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
         try:
             events.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
     evals = [e for e in events if e.get("event") == "eval"]
     if not evals:

@@ -377,6 +377,10 @@ def _read_json_object(path: Path) -> dict:
         raise UserError(f"cannot read {path}: {e}") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4,300 digits, nesting past the stack
+        raise UserError(
+            f"{path} is not valid JSON ({'nested too deeply' if isinstance(e, RecursionError) else e})"
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object of config keys")
     return data

@@ -24,14 +24,33 @@ def read_metrics(run_dir: Path, event: str | None = None, skip_damaged: bool = F
         for number, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError, RecursionError):
-                record = None
-            if not isinstance(record, dict):
+            record = parse_event(raw)
+            if record is None:
                 if skip_damaged:
                     continue
                 raise ValueError(f"{path} line {number} is not a JSON object: {raw[:80]!r}")
             if event is None or record.get("event") == event:
                 events.append(record)
     return events
+
+
+def parse_event(raw: bytes) -> dict[str, Any] | None:
+    """One line of the log as its event, or None where it is not a JSON object in UTF-8."""
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def check_log(run_dir: Path) -> None:
+    """Before a resume changes anything: every whole line of `<run_dir>/metrics.jsonl` is an event. The last line
+    without its newline, the one a kill may cut short, is the resume's to drop; a damaged line elsewhere (not
+    tcli's writing) raises ValueError naming it, instead of being dropped, or failing the resume, on the way."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if raw.endswith(b"\n") and raw.strip() and parse_event(raw) is None:
+                raise ValueError(f"{path} line {number} is not a JSON object ({raw[:40]!r})")

@@ -23,6 +23,7 @@ from transformer_cli.datasets import shards
 from transformer_cli.datasets.shards import Manifest, describe_file, read_manifest
 from transformer_cli.errors import UserError
 from transformer_cli.files import RUN_MARKER, RUN_PARTS, check_not_a_run_part, remove_stale_temporaries, write_atomic
+from transformer_cli.metrics_file import check_log
 from transformer_cli.train.stop import saved_stop_reason
 from transformer_cli.vocab import Vocab
 
@@ -156,7 +157,7 @@ class RunDirectory:
     def _marker(self) -> dict[str, Any] | None:
         try:
             data = json.loads((self.path / MARKER).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
         return data if isinstance(data, dict) else None
 
@@ -454,6 +455,10 @@ def run_training(
             if finished and directory.finished_step() == step:
                 say(quiet, f"{run_dir} finished at step {step} ({finished}); nothing to do")
                 return {"event": "end", "step": step, "stop": finished, "already_finished": True}
+            try:
+                check_log(directory.path)
+            except ValueError as e:
+                raise UserError(f"{e}: remove or repair that line (one event per line), then resume") from None
         check_training_memory(*setup.count_parameters(), runtime.device)
         setup.read_data()
         data_folder = directory.path / "data"
@@ -554,7 +559,7 @@ def save_vocab(root: Path, setup: TaskSetup, vocabs: list[Any], ckpt: Checkpoint
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

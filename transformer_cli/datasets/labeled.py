@@ -28,7 +28,6 @@ from transformer_cli.errors import UserError, quote
 from transformer_cli.files import check_file
 
 KINDS = ("classification", "regression")
-TABLE_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json")
 DOCSTART = "-DOCSTART-"
 
 
@@ -526,8 +525,15 @@ def _read_jsonl(path: Path, text: str, pair: str | None, label: str | None, kind
             continue
         try:
             obj = json.loads(raw, object_pairs_hook=_pairs)
-        except json.JSONDecodeError as e:
-            obj = e
+        except (ValueError, RecursionError) as e:  # also an integer of over 4,300 digits, or nesting past the stack
+            if isinstance(e, json.JSONDecodeError):
+                why = f"{e.msg}, column {e.colno}"
+            else:
+                why = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0]
+            raise UserError(
+                f"{path}:{n}: not valid JSON ({why[:80]}); a {path.suffix} file holds one object per line (JSON "
+                f'lines), like {{"{text}": "...", ...}}'
+            ) from None
         if isinstance(obj, _Repeated):
             raise UserError(f"{path}:{n}: the key {quote(obj.key)} appears twice in this object; keep one")
         if not isinstance(obj, dict):

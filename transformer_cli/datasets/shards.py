@@ -217,7 +217,7 @@ def read_manifest(folder: Path, kind: str) -> Manifest:
         raise UserError(f"{folder} has no {MANIFEST}: its preprocessing did not finish; run tcli preprocess again")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise UserError(f"{path} is damaged ({e}); run tcli preprocess again") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(f"{path} is not a tcli preprocessed-data manifest (format {FORMAT}); run tcli preprocess")

@@ -202,7 +202,7 @@ def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
         raise UserError(f"{where}: no config.json; give a Hugging Face BERT folder (or a tcli checkpoint)")
     try:
         hf = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise UserError(f"{config_path}: not readable JSON ({str(e)[:120]})") from None
     if not isinstance(hf, dict) or hf.get("model_type", "bert") != "bert":
         raise UserError(

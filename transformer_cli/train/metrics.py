@@ -7,6 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from transformer_cli.files import write_atomic
+from transformer_cli.metrics_file import parse_event
+
 
 class MetricsLog:
     """Appends events to `<run>/metrics.jsonl` and mirrors their numbers to TensorBoard under `<run>/tb`.
@@ -29,18 +32,19 @@ class MetricsLog:
         self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step + 1 if resume_step is not None else None)
 
     def _truncate_after(self, step: int) -> None:
+        """The log as of `step`, written atomically (a kill while it is written leaves the old log). Its lines were
+        checked before the resume began (metrics_file.check_log): only a last line cut short by a kill is no event."""
         kept = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
+        for raw in self.path.read_bytes().splitlines():
+            event = parse_event(raw)
+            if event is None:
                 continue  # a line cut short by a kill
             if event.get("event") in ("train", "eval") and event.get("step", 0) > step:
                 continue
             if event.get("event") in ("end", "test", "averaged"):
                 continue
-            kept.append(line)
-        self.path.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+            kept.append(raw + b"\n")
+        write_atomic(b"".join(kept), self.path)
 
     def log(self, event: str, step: int, **values: Any) -> dict[str, Any]:
         record = {"event": event, "step": step, **{k: _clean(v) for k, v in values.items()}}
