@@ -434,6 +434,14 @@ def test_tagging_on_conll_first_pieces_and_word_tag_output(tmp_path):
     assert len([line for line in result.stdout.splitlines() if line]) == 41
     assert "warning: line 2: " in result.stderr and "of its 40 words fit" in result.stderr
     assert "line 1" not in result.stderr
+    # a CoNLL file's rows given as plain lines (a .txt, as CoNLL-2003 ships) were tagged column by column
+    rows = tmp_path / "rows.txt"
+    for text in ("cat NN B-ANI\nsat VB O\n", "cat B-ANI\nsat O\n\ndog B-ANI\n", "-DOCSTART- O\n\ncat B-ANI\n"):
+        rows.write_text(text)
+        result = CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "-i", str(rows), "--device", "cpu"])
+        assert result.exit_code == 2 and "are a CoNLL file's rows" in result.output and not result.stdout, result.output
+    rows.write_text("cat sat O\nthe dog ran\n")  # sentences, one ending in a tag's name
+    assert CliRunner().invoke(app, ["predict", "--checkpoint", str(best), "-i", str(rows)]).exit_code == 0
 
 
 def test_first_piece_labels():

@@ -17,6 +17,7 @@ from typing import Any
 
 from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.datasets.labeled import (
+    DOCSTART,
     GLUE_TASKS,
     TABLE_SUFFIXES,
     TaggedSentence,
@@ -92,10 +93,32 @@ def format_prediction(meta: FinetuneMeta, example: Any, pred: Any, prob: float) 
     return f"{meta.labels[pred]}\t{prob:.4f}\n"
 
 
+CONLL_HINT = (
+    "a CoNLL file (a word and its columns per line, a blank line after each sentence) is read as one when named .conll"
+)
+
+
+def _conll_rows(lines: list[str], tags: set[str]) -> bool:
+    """Whether a tagger's plain lines are a CoNLL file's rows: a -DOCSTART- line, or two or more lines, up to the
+    first blank one, of as many fields each (two or more), the last of each one of the model's tags."""
+    rows = []
+    for line in lines[:50]:
+        fields = line.split()
+        if fields[:1] == [DOCSTART]:
+            return True
+        if not fields:
+            break
+        rows.append(fields)
+    return (
+        len(rows) >= 2 and len({len(f) for f in rows}) == 1 and len(rows[0]) >= 2 and all(f[-1] in tags for f in rows)
+    )
+
+
 def _plain(line: str, number: int, pair_model: bool, tagging: bool, name: str) -> TextExample | TaggedSentence:
     text = line.strip()
     if not text:
-        raise UserError(f"{name}:{number}: empty line; predict writes one output per input line, so give a text")
+        hint = f"; {CONLL_HINT}" if tagging else ""
+        raise UserError(f"{name}:{number}: empty line; predict writes one output per input line, so give a text{hint}")
     if tagging:
         return TaggedSentence(tuple(text.split()), None, number)
     if pair_model:
@@ -146,6 +169,11 @@ def run_predict(
         number = 0
         first = first_chunk(output, FIRST_CHUNK_LINES, MAX_CHUNK_LINES)
         for chunk in chunks(lines, first, MAX_CHUNK_LINES):  # written before the next chunk is read
+            if tagging and number == 0 and _conll_rows(chunk, set(predictor.meta.labels)):
+                raise UserError(
+                    f"{name}: its lines are a CoNLL file's rows (each ends with a tag), not sentences to tag; "
+                    f"{CONLL_HINT}, or give one sentence per line"
+                )
             examples = [_plain(line, number + i + 1, pair_model, tagging, name) for i, line in enumerate(chunk)]
             number += _write_all(predictor, [examples], write)
         return number
