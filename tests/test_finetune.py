@@ -570,3 +570,28 @@ def test_batch_widths_come_from_a_small_set_where_kernels_compile_per_shape():
         model = Recorder()
         predict_logits(model, task.train, [[n - 1] for n in lengths], 0, "classification", runtime, max_seq_len)
         assert model.widths == widths(bucketed)  # evaluation and `tcli predict` take training's widths
+
+
+def test_a_dev_set_every_model_scores_alike_is_refused_and_look_alike_labels_are_warned(tmp_path, capsys):
+    """One gold score makes Pearson and Spearman undefined (reported as 0, best.pt chosen on it); one dev class makes
+    MCC 0 for every model. Labels '1' and '1.0' train as two classes: a warning names them."""
+    from transformer_cli.config import FinetuneRunConfig, load_config
+    from transformer_cli.errors import UserError
+    from transformer_cli.tasks.finetune_setup import read_labelled
+
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\na b\t1\nc d\t2.5\ne f\t1.0\n")
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\na b\t3\nc d\t3.0\n")
+    config = write_config(tmp_path / "ft.yaml", tmp_path, "none")
+    for kind, metric, message in (
+        ("regression", "pearson", "every example has the score 3, on which Pearson and Spearman are undefined"),
+        ("classification", "mcc", "every example has the label '3', on which MCC is 0 for any model"),
+    ):
+        if kind == "classification":
+            (tmp_path / "dev.tsv").write_text("sentence\tlabel\na b\t1\nc d\t1\n")
+            message = message.replace("'3'", "'1'")
+        cfg = load_config(FinetuneRunConfig, config, [f"task.kind={kind}", f"task.metrics=[{metric}]"])
+        with pytest.raises(UserError, match=message):
+            read_labelled(cfg)
+    cfg = load_config(FinetuneRunConfig, config, ["task.metrics=[accuracy]"])  # one dev class scores fine there
+    assert read_labelled(cfg).labels == ("1", "1.0", "2.5")
+    assert "the labels '1' and '1.0' differ only in case or in how a number is written" in capsys.readouterr().err

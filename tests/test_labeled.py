@@ -14,6 +14,7 @@ from transformer_cli.datasets.labeled import (
     check_labels,
     glue_tasks_in,
     label_set,
+    look_alike,
     read_conll,
     read_glue,
     read_plain,
@@ -213,6 +214,19 @@ def test_label_set_and_check_labels(tmp_path):
     check_labels([TextExample("a", None, None, 1)], labels, tmp_path)  # unlabelled passes
     one_line_error(label_set, [TextExample("a", None, None, 4)], tmp_path / "t.tsv", match=r"t\.tsv:4: no label")
     one_line_error(label_set, [], tmp_path / "t.tsv", match="no examples")
+
+
+def test_labels_that_print_alike(tmp_path):
+    """An invisible character makes another class that prints as the same label: refused, naming the line (a
+    tag's line too); labels differing in case or number form are named by look_alike (finetune warns)."""
+    for hidden in ("\u200b", "\x00", "\ufeff", "\x7f"):
+        train = [TextExample("a", None, "1", 1), TextExample("b", None, "1" + hidden, 2)]
+        one_line_error(label_set, train, tmp_path / "t.tsv", match=r"t\.tsv:2: label .* invisible character U\+")
+    tags = [TaggedSentence(("a", "b"), ("O", "B-PER\u200b"), 5)]
+    one_line_error(label_set, tags, tmp_path / "t.conll", match=r"t\.conll:6: label")
+    assert label_set([TextExample("a", None, "\U0001f469\u200d\U0001f4bb", 1)], tmp_path)  # an emoji's joiner
+    assert look_alike(("0", "01", "1", "1.0", "Neg", "neg", "pos")) == [("01", "1"), ("Neg", "neg")]
+    assert look_alike(("entailment", "not_entailment")) == []
 
 
 def test_label_set_and_check_of_tags(tmp_path):

@@ -18,6 +18,7 @@ import io
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from transformer_cli.files import check_file
 
 KINDS = ("classification", "regression")
 DOCSTART = "-DOCSTART-"
+ZWJ = "\u200d"  # the one format character a label may hold: it joins emoji ("👩\u200d💻" is one)
 
 
 @dataclass(frozen=True)
@@ -319,10 +321,30 @@ def label_set(examples: Sequence[TextExample] | Sequence[TaggedSentence], path: 
             raise UserError(f"{path}:{ex.line}: no label; training data needs a label on every example")
         if isinstance(values, float):
             raise ValueError("label_set is for classification and tagging; regression labels are floats")
-        seen.update((values,) if isinstance(values, str) else values)
+        for i, value in enumerate((values,) if isinstance(values, str) else values):
+            hidden = next((c for c in value if unicodedata.category(c) in ("Cc", "Cf") and c != ZWJ), None)
+            if hidden is not None:  # '1' and '1\u200b' print alike and would be two classes
+                raise UserError(
+                    f"{path}:{ex.line + i}: label {quote(value)} holds the invisible character U+{ord(hidden):04X}; "
+                    "remove it"
+                )
+            seen.add(value)
     if all(_is_int(s) for s in seen):
         return tuple(sorted(seen, key=lambda s: (int(s), s)))
     return tuple(sorted(seen))
+
+
+def look_alike(labels: Sequence[str]) -> list[tuple[str, str]]:
+    """Pairs of labels that differ only in case or in how a number is written ('pos' and 'Pos'; '1', '1.0' and
+    '01'): two classes to the model, and seldom meant to be."""
+    groups: dict[str, list[str]] = {}
+    for label in labels:
+        try:
+            key = repr(float(label))
+        except ValueError:
+            key = label.casefold()
+        groups.setdefault(key, []).append(label)
+    return [(group[0], group[1]) for group in groups.values() if len(group) > 1]
 
 
 def check_labels(examples: Sequence[TextExample] | Sequence[TaggedSentence], labels: Sequence[str], path: Path) -> None:

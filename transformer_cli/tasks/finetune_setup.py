@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,11 +27,12 @@ from transformer_cli.datasets.labeled import (
     check_labels,
     glue_key,
     label_set,
+    look_alike,
     read_conll,
     read_glue,
     read_table,
 )
-from transformer_cli.errors import UserError
+from transformer_cli.errors import UserError, quote
 from transformer_cli.files import check_file
 from transformer_cli.run import SetupBase, run_training
 
@@ -96,7 +98,39 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
             f"task.metrics f1 is the F1 of the positive class (the second label, as GLUE scores MRPC and QQP) and "
             f"needs two labels, but {files[0]} has {len(labels)}; score it with accuracy or mcc"
         )
+    _check_scorable(
+        t.kind,
+        tuple(t.metrics or metrics),
+        {valid_path: valid, **{valid_path.with_name(f"{k}.tsv"): v for k, v in more.items()}},
+    )
+    if t.kind == "classification":
+        for a, b in look_alike(labels):
+            print(
+                f"warning: {files[0]}: the labels {quote(a)} and {quote(b)} differ only in case or in how a number is "
+                "written; the model learns them as two classes (make them one label if they are one)",
+                file=sys.stderr,
+            )
     return LabelledData(t.kind, train, valid, tuple(labels), tuple(t.metrics or metrics), files, valid_path, more)
+
+
+def _check_scorable(kind: str, metrics: tuple[str, ...], dev: dict[Path, list[Any]]) -> None:
+    """A dev set on which a chosen metric is the same for every model: Pearson and Spearman of one gold score are
+    undefined (0 here), MCC of one class is 0. best.pt would be chosen on that constant."""
+    for path, examples in dev.items():
+        golds = {ex.label for ex in examples if isinstance(ex, TextExample)}
+        if len(golds) != 1:
+            continue
+        (gold,) = golds
+        if kind == "regression" and {"pearson", "spearman"} & set(metrics):
+            raise UserError(
+                f"{path}: every example has the score {gold:g}, on which Pearson and Spearman are undefined (any "
+                "model would score 0); give a dev set with different scores"
+            )
+        if kind == "classification" and "mcc" in metrics:
+            raise UserError(
+                f"{path}: every example has the label {quote(gold)}, on which MCC is 0 for any model; give a dev set "
+                "with more than one label, or score it with accuracy"
+            )
 
 
 def _table(path: Path, d: Any, kind: str) -> list[TextExample]:
