@@ -99,6 +99,14 @@ def test_evaluate_an_input_file_with_labels_and_refusals(runs, tmp_path):
         result = CliRunner().invoke(app, ["evaluate", "--checkpoint", ckpt, *args])
         assert result.exit_code == 2 and message in result.output, result.output
         assert result.output.count("\n") == 1
+    # the metrics a checkpoint stores for evaluate: an unknown one, another kind's, or f1 beside 3 labels
+    state = torch.load(ckpt, weights_only=True)
+    for metrics in (["bogus"], ["pearson"], "accuracy", ["accuracy", "accuracy"], [1]):
+        state["finetune"]["metrics"] = metrics
+        torch.save(state, tmp_path / "damaged.pt")
+        result = CliRunner().invoke(app, ["evaluate", "--checkpoint", str(tmp_path / "damaged.pt"), "--split", "valid"])
+        assert result.exit_code == 2 and "the stored metrics" in result.output, result.output
+        assert result.output.count("\n") == 1
 
 
 @pytest.mark.parametrize("kind", ["classification", "tagging"])

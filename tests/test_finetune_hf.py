@@ -153,6 +153,36 @@ def test_a_folder_without_a_tokenizer_is_one_line(tmp_path, wordpiece_folder):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_folder_with_a_tensor_tcli_cannot_load_is_one_line(tmp_path, wordpiece_folder):
+    """Each tensor is checked under the folder's own name before query, key and value are joined: a query of
+    another width, a float8, sparse or integer tensor were tracebacks (or the wrong name in the message)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(wordpiece_folder / "model.safetensors"))
+    query = next(name for name in weights if name.endswith("encoder.layer.0.attention.self.query.weight"))
+    for change, message in (
+        (lambda t: t[:, :-1].contiguous(), "query.weight has shape"),
+        (lambda t: t.to(torch.float8_e4m3fn), "query.weight is float8_e4m3fn, which tcli does not load"),
+        (lambda t: t.long(), "query.weight is int64, not floating-point"),
+    ):
+        folder = tmp_path / "damaged"
+        folder.mkdir(exist_ok=True)
+        for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
+            (folder / name).write_bytes((wordpiece_folder / name).read_bytes())
+        save_file({**weights, query: change(weights[query])}, str(folder / "model.safetensors"))
+        cfg = tmp_path / "ft.yaml"
+        cfg.write_text(f"model: {{init: {folder}}}\ndata: {{dir: {_data(tmp_path / 'd')}}}\ntrain: {{max_steps: 1}}\n")
+        result = CliRunner().invoke(app, ["finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "-q"])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert f"model.init {folder}: " in result.output and len(result.output.strip().splitlines()) == 1
+        assert not (tmp_path / "run").exists()
+    (folder / "model.safetensors").unlink()
+    torch.save({**weights, query: weights[query].to_sparse()}, folder / "pytorch_model.bin")
+    result = CliRunner().invoke(app, ["finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 2 and "query.weight is a sparse_coo tensor" in result.output, result.output
+
+
 def test_a_folder_missing_an_encoder_tensor_is_one_line(tmp_path, wordpiece_folder):
     from safetensors.torch import load_file, save_file
 

@@ -86,6 +86,9 @@ class Checkpoint:
         return build_transformer(self.cfg.model, src, tgt)
 
 
+LOADABLE_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def check_weights(weights: dict[str, Any], expected: dict[str, torch.Tensor], source: str) -> None:
     """Names, shapes and finiteness of `weights` against a model's (meta) state dict; one-line errors."""
     missing = [k for k in expected if k not in weights]
@@ -109,6 +112,8 @@ def check_weights(weights: dict[str, Any], expected: dict[str, torch.Tensor], so
             raise UserError(f"{source}: {name} is a {what} tensor, not a dense one of values; the file is damaged")
         if tuple(t.shape) != tuple(ref.shape):
             raise UserError(f"{source}: {name} has shape {tuple(t.shape)} but the config needs {tuple(ref.shape)}")
+        if t.is_floating_point() and t.dtype not in LOADABLE_FLOATS:  # float8: no arithmetic to convert or check
+            raise UserError(f"{source}: {name} is {str(t.dtype).removeprefix('torch.')}, which tcli does not load")
         if t.dtype != ref.dtype and not (t.is_floating_point() and ref.is_floating_point()):
             # an integer weight would be loaded as its truncated values (0 for most): a damaged file
             kind = "floating-point" if ref.is_floating_point() else str(ref.dtype).removeprefix("torch.")

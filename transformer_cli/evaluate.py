@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from transformer_cli import task_metrics
+from transformer_cli.errors import UserError, quote
 from transformer_cli.files import check_file
 
 if TYPE_CHECKING:
@@ -40,7 +42,6 @@ def run_evaluate(
     import torch
 
     from transformer_cli.checkpoint import read_checkpoint
-    from transformer_cli.errors import UserError
     from transformer_cli.runtime import Runtime
 
     if (split is None) == (input_path is None):
@@ -87,7 +88,6 @@ def _evaluate_translation(
     lenpen: float | None,
 ) -> dict[str, Any]:
     from transformer_cli.datasets.translation import encode_parallel, read_parallel, split_paths
-    from transformer_cli.errors import UserError
     from transformer_cli.scores import translation_scores
     from transformer_cli.validation import eval_decode_options, translate_texts, translation_nll
 
@@ -150,7 +150,6 @@ def _evaluate_bert(
     data_dir: Path | None,
 ) -> dict[str, Any]:
     from transformer_cli.datasets.bert import check_corpus, encode_documents, read_documents
-    from transformer_cli.errors import UserError
     from transformer_cli.validation import bert_special_ids, bert_validation, held_out_instances
 
     cfg, d = ckpt.cfg, ckpt.cfg.data
@@ -196,7 +195,19 @@ def _evaluate_finetuned(
     `--split valid` is the run's dev evaluation (for MNLI both dev splits, the second as "<split>/<metric>")."""
     from transformer_cli.finetuned import evaluate_examples
 
-    meta, metrics = ckpt.finetune, tuple(ckpt.state["finetune"].get("metrics") or ())
+    meta, stored = ckpt.finetune, ckpt.state["finetune"].get("metrics")
+    allowed = task_metrics.BY_KIND[meta.kind]
+    if stored is not None and not (
+        isinstance(stored, list)
+        and all(isinstance(m, str) and m in allowed for m in stored)
+        and len(set(stored)) == len(stored)
+        and ("f1" not in stored or len(meta.labels) == 2)
+    ):
+        raise UserError(
+            f"{ckpt.path}: the stored metrics {quote(stored, 60)} are damaged (a {meta.kind} model of "
+            f"{len(meta.labels)} labels is scored with {', '.join(allowed)})"
+        )
+    metrics = tuple(stored or ())
     sets = _labelled_examples(ckpt, split, input_path, data_dir)
     result: dict[str, Any] = {"data": split if split is not None else str(input_path)}
     for i, (name, examples) in enumerate(sets.items()):
@@ -220,7 +231,6 @@ def _labelled_examples(
         read_glue,
         read_table,
     )
-    from transformer_cli.errors import UserError
 
     cfg, meta = ckpt.cfg, ckpt.finetune
     d, folder = cfg.data, Path(data_dir or cfg.data.dir)

@@ -280,7 +280,7 @@ def _hf_encoder_weights(folder: Path, encoder: BertModelConfig, vocab_size: int)
     import torch
 
     from transformer_cli.checkpoint import check_weights
-    from transformer_cli.hf import from_hf_state_dict
+    from transformer_cli.hf import from_hf_state_dict, to_hf_state_dict
 
     raw = _read_hf_weights(folder)
     hf: dict[str, Tensor] = {}
@@ -293,10 +293,6 @@ def _hf_encoder_weights(folder: Path, encoder: BertModelConfig, vocab_size: int)
     if no_pooler:
         d = encoder.d_model
         hf = {**hf, "bert.pooler.dense.weight": torch.zeros(d, d), "bert.pooler.dense.bias": torch.zeros(d)}
-    try:
-        out = {f"bert.{k}": v for k, v in from_hf_state_dict(hf, encoder.layers, heads=False).items()}
-    except UserError as e:
-        raise UserError(f"model.init {folder}: {e}") from None
     from transformer_cli.models.bert import Bert
 
     with torch.device("meta"):
@@ -309,6 +305,15 @@ def _hf_encoder_weights(folder: Path, encoder: BertModelConfig, vocab_size: int)
             encoder.max_positions,
             pretraining_heads=False,
         ).state_dict()
+        hf_ref = to_hf_state_dict(ref, encoder.layers, heads=False)
+    # Every tensor checked as the folder names it (a query of another shape, a sparse or float8 tensor, a number
+    # in place of a tensor), before the mapping joins query, key and value into one.
+    if all(k in hf for k in hf_ref):  # (a missing one: from_hf_state_dict names it, "not a BERT model")
+        check_weights({k: hf[k] for k in hf_ref}, hf_ref, f"model.init {folder}")
+    try:
+        out = {f"bert.{k}": v for k, v in from_hf_state_dict(hf, encoder.layers, heads=False).items()}
+    except UserError as e:
+        raise UserError(f"model.init {folder}: {e}") from None
     check_weights({k.removeprefix("bert."): v for k, v in out.items()}, ref, f"model.init {folder}")
     return {k: v.float() for k, v in out.items() if not (no_pooler and k.startswith(POOLER))}
 
