@@ -206,6 +206,12 @@ def _damage(state: dict, how: str) -> None:
             state["scheduler"][key] = value
     elif how == "base_lrs":
         state["scheduler"]["base_lrs"][0] = math.nan
+    elif how == "other_base_lrs":
+        state["scheduler"]["base_lrs"] = [0.5] * len(state["scheduler"]["base_lrs"])
+    elif how in ("betas", "eps"):  # betas (0.9,) failed at the first update, after the logs were opened
+        state["optimizer"]["param_groups"][0][how] = {"betas": (0.9,), "eps": -1.0}[how]
+    elif how == "negative_moment":
+        next(iter(state["optimizer"]["state"].values()))["exp_avg_sq"].view(-1)[0] = -1.0
     elif how == "ids":  # the saved moments attached to no parameter: AdamW started afresh
         for group in state["optimizer"]["param_groups"]:
             group["params"] = [i + 1000 for i in group["params"]]
@@ -234,6 +240,10 @@ def _damage(state: dict, how: str) -> None:
         ("schedule_behind", "the schedule is at step -100"),
         ("far_step", "the train state at 1000000000000000000"),
         ("base_lrs", "the schedule's base_lrs is [nan"),
+        ("other_base_lrs", "the schedule's base_lrs is [0.5, 0.5], where the config gives"),
+        ("betas", "betas of parameter group 0 is (0.9,), where the config gives"),
+        ("eps", "eps of parameter group 0 is -1.0, where the config gives"),
+        ("negative_moment", "exp_avg_sq of parameter 0 holds negative values"),
         ("ids", "names parameter 0, which no parameter group holds"),
         ("adam_step", "step of parameter 0 is 1000000000.0"),
         ("sparse", "is a sparse_coo tensor"),

@@ -38,6 +38,7 @@ from transformer_cli.train.optim import (
     build_scheduler,
     check_optimizer_state,
     check_scheduler_state,
+    optimizer_settings,
     optimizer_step,
 )
 from transformer_cli.train.stop import saved_stop_reason, stop_reason
@@ -546,11 +547,16 @@ class Trainer:
         }
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
+        settings, base_lrs, steps = (
+            optimizer_settings(self.optimizer),
+            list(self.scheduler.base_lrs),
+            ckpt["train_state"]["step"],
+        )
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
-        check_optimizer_state(self.optimizer, ckpt["train_state"]["step"])
+        check_optimizer_state(self.optimizer, steps, settings)
         self.scheduler.load_state_dict(ckpt["scheduler"])
-        check_scheduler_state(self.scheduler, ckpt["train_state"]["step"])
+        check_scheduler_state(self.scheduler, steps, base_lrs)
         self.scaler.load_state_dict(ckpt["scaler"])
         ts, state = ckpt["train_state"], self.state
         state.step, state.epoch, state.batch_in_epoch = ts["step"], ts["epoch"], ts["batch_in_epoch"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,22 +25,42 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
     )
 
 
-def check_optimizer_state(optimizer: torch.optim.Optimizer, steps: int) -> None:
-    """AdamW's state as loaded from a checkpoint of `steps` updates: finite numbers in each group, every state
-    attached to a parameter, and for each parameter that has one, a step of at most `steps` and two moments of
-    the parameter's shape, finite. load_state_dict takes anything and the first update would fail on it (or
-    train on NaN moments, or on fresh ones); raise ValueError naming the first problem."""
+# A parameter group's settings, fixed by the config (lr, adam_betas, adam_eps, weight_decay may not change on resume).
+SETTINGS = ("initial_lr", "betas", "eps", "weight_decay")
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter group's SETTINGS, as plain numbers: those a resumed state must have."""
+    return [{key: _plain(group.get(key)) for key in SETTINGS} for group in optimizer.param_groups]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:  # (a tensor lr, as some optimizer options keep it)
+        return float(value)
+    return float(value) if finite_number(value) else value
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, steps: int, settings: list[dict[str, Any]]) -> None:
+    """AdamW's state as loaded from a checkpoint of `steps` updates: each group's `settings` (those of the
+    optimizer the config builds) and a finite current lr of 0 or more, every state attached to a parameter, and
+    for each parameter that has one, a step of at most `steps` and two moments of the parameter's shape, finite,
+    the second not negative. load_state_dict takes anything and the first update would fail on it (or train on
+    NaN moments, or on fresh ones); raise ValueError naming the first problem."""
     orphans = [key for key in optimizer.state if not isinstance(key, torch.Tensor)]
     if orphans:  # saved ids that match no parameter: torch keeps their state aside, and AdamW starts afresh
         raise ValueError(f"the optimizer state names parameter {quote(orphans[0], 40)}, which no parameter group holds")
-    for number, group in enumerate(optimizer.param_groups):  # a NaN lr trained NaN weights until "diverged"
-        for key in ("lr", "initial_lr", "eps", "weight_decay", "betas"):
-            values = group.get(key, ())
-            for value in values if isinstance(values, list | tuple) else [values]:
-                if isinstance(value, torch.Tensor):  # (a tensor lr, as some optimizer options keep it)
-                    value = float(value) if value.numel() == 1 else math.nan
-                if not finite_number(value):
-                    raise ValueError(f"the optimizer's {key} of parameter group {number} is {values!r}")
+    for number, (group, expected) in enumerate(zip(optimizer.param_groups, settings, strict=True)):
+        lr = _plain(group.get("lr"))  # a NaN lr trained NaN weights until "diverged"
+        if not (finite_number(lr) and lr >= 0):
+            raise ValueError(f"the optimizer's lr of parameter group {number} is {quote(group.get('lr'), 40)}")
+        for key, value in expected.items():
+            if _plain(group.get(key)) != value:  # betas (0.9,) failed at the first update, eps -1 trained on
+                raise ValueError(
+                    f"the optimizer's {key} of parameter group {number} is {quote(group.get(key), 40)}, "
+                    f"where the config gives {value}"
+                )
     for index, p in enumerate(q for group in optimizer.param_groups for q in group["params"]):
         state = optimizer.state.get(p)
         if not state:
@@ -54,17 +75,24 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, steps: int) -> None:
                 )
             if not bool(torch.isfinite(value).all()):
                 raise ValueError(f"the optimizer's {key} of parameter {index} holds NaN or infinite values")
+            if key == "exp_avg_sq" and bool((value < 0).any()):  # a mean of squares: NaN at the first update
+                raise ValueError(f"the optimizer's exp_avg_sq of parameter {index} holds negative values")
             if key == "step" and not (value.numel() == 1 and 0 <= float(value) <= steps):
                 raise ValueError(f"the optimizer's step of parameter {index} is {value.tolist()}, of {steps} updates")
 
 
-def check_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
+def check_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int, base_lrs: list[float]) -> None:
     """The schedule as loaded from a checkpoint of `steps` updates: it took one step per update (skipped ones too),
-    from finite base rates, one per parameter group. load_state_dict takes anything: a damaged step failed at the
-    first update, after the run's logs were opened; raise ValueError naming the first problem."""
+    from `base_lrs` (the config's train.lr), and its last rates are finite, one per parameter group. load_state_dict
+    takes anything: a damaged step failed at the first update, after the run's logs were opened; raise ValueError
+    naming the first problem."""
     at = scheduler.last_epoch
     if not isinstance(at, int) or isinstance(at, bool) or at != steps:
         raise ValueError(f"the schedule is at step {quote(at, 40)}, the train state at {steps}")
+    if _plain(scheduler.base_lrs) != _plain(base_lrs):
+        raise ValueError(
+            f"the schedule's base_lrs is {quote(scheduler.base_lrs, 60)}, where the config gives {base_lrs}"
+        )
     for key in ("base_lrs", "_last_lr"):
         rates = getattr(scheduler, key, None)
         if not (isinstance(rates, list) and len(rates) == len(scheduler.optimizer.param_groups)):
