@@ -329,7 +329,7 @@ def test_damaged_fine_tuning_numbers_are_one_line(tmp_path, finetuned, key, valu
         assert result.exit_code == 2 and f"the stored {key}" in result.output, result.output
 
 
-@pytest.mark.parametrize("labels", [[], ["0"], ["0", "0"], ["0", 1], "01"])
+@pytest.mark.parametrize("labels", [[], ["0"], ["0", "0"], ["0", 1], "01", ["0", "1\x00"]])
 def test_a_damaged_label_set_is_one_line(tmp_path, finetuned, labels):
     """A classifier's labels: two or more distinct strings (none printed torch's warning about a zero-size head)."""
     state = torch.load(finetuned / "checkpoints" / "best.pt", weights_only=True)
@@ -341,6 +341,39 @@ def test_a_damaged_label_set_is_one_line(tmp_path, finetuned, labels):
         assert result.exit_code == 2 and result.output.startswith("error: "), result.output
         assert "stored label set of its classification head is damaged" in result.output, result.output
         assert result.output.count("\n") == 1, result.output
+
+
+def test_a_checkpoint_whose_head_disagrees_with_its_run_is_refused(tmp_path, finetuned):
+    """A fine-tuned checkpoint read as another kind than its config's (a classifier's 2 outputs tagged words), or
+    resumed with a label list or max_seq_len other than its run's (a KeyError at the first batch, after the logs
+    were opened): one line, the run folder as it was."""
+    import hashlib
+    import shutil
+
+    state = torch.load(finetuned / "checkpoints" / "last.pt", weights_only=True)
+    state["finetune"]["kind"] = "tagging"
+    torch.save(state, tmp_path / "kind.pt")
+    for command in ("predict", "count-params", "evaluate"):
+        args = ["--split", "valid"] if command == "evaluate" else []
+        result = CliRunner().invoke(app, [command, "--checkpoint", str(tmp_path / "kind.pt"), *args], input="a b\n")
+        assert result.exit_code == 2 and "metadata says tagging but its config's task.kind is classification" in (
+            result.output
+        ), result.output
+    for key, value in (("labels", ["neg", "other"]), ("max_seq_len", 20)):
+        run = tmp_path / key
+        shutil.copytree(finetuned, run)
+        state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+        state["finetune"][key] = value
+        torch.save(state, run / "checkpoints" / "last.pt")
+        before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in run.rglob("*") if p.is_file()}
+        cfg = finetuned.parent / "ft.yaml"
+        result = invoke(
+            "finetune", "--config", str(cfg), "--out", str(run), "--resume", "auto", "--set", "train.max_epochs=5"
+        )
+        assert result.exit_code == 2 and f"{key} " in result.output and "in the checkpoint" in result.output, (
+            result.output
+        )
+        assert before == {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in run.rglob("*") if p.is_file()}
 
 
 def test_predict_never_writes_over_what_it_reads_nor_an_output_it_cannot_replace(tmp_path, finetuned, sst):

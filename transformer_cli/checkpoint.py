@@ -53,7 +53,13 @@ class Checkpoint:
         from transformer_cli.finetuned import FinetuneMeta
 
         if "_finetune" not in self.__dict__:
-            self.__dict__["_finetune"] = FinetuneMeta.from_state(self.state.get("finetune"), str(self.path))
+            meta = FinetuneMeta.from_state(self.state.get("finetune"), str(self.path))
+            if meta.kind != self.cfg.task.kind:  # a head of one kind read as another's: the shapes may agree
+                raise UserError(
+                    f"{self.path}: its fine-tuning metadata says {meta.kind} but its config's task.kind is "
+                    f"{self.cfg.task.kind}; the file is damaged"
+                )
+            self.__dict__["_finetune"] = meta
         return self.__dict__["_finetune"]
 
     def build_model(self) -> nn.Module:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from transformer_cli import task_metrics
 from transformer_cli.bert_tokenizer import BertTokenizer, pack
 from transformer_cli.config import BertModelConfig
+from transformer_cli.datasets.labeled import invisible
 from transformer_cli.errors import UserError, finite_number
 from transformer_cli.models.buckets import bucket
 from transformer_cli.models.losses import IGNORE
@@ -64,6 +65,7 @@ class FinetuneMeta:
             not isinstance(labels, list)
             or not all(isinstance(x, str) for x in labels)
             or len(set(labels)) != len(labels)
+            or any(invisible(label) for label in labels)  # as training refuses them
             or not fewest <= len(labels) <= (0 if state["kind"] == "regression" else 10**6)
         ):
             raise UserError(f"{source}: the stored label set of its {state['kind']} head is damaged")

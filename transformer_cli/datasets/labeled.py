@@ -322,7 +322,7 @@ def label_set(examples: Sequence[TextExample] | Sequence[TaggedSentence], path: 
         if isinstance(values, float):
             raise ValueError("label_set is for classification and tagging; regression labels are floats")
         for i, value in enumerate((values,) if isinstance(values, str) else values):
-            hidden = next((c for c in value if unicodedata.category(c) in ("Cc", "Cf") and c != ZWJ), None)
+            hidden = invisible(value)
             if hidden is not None:  # '1' and '1\u200b' print alike and would be two classes
                 raise UserError(
                     f"{path}:{ex.line + i}: label {quote(value)} holds the invisible character U+{ord(hidden):04X}; "
@@ -332,6 +332,11 @@ def label_set(examples: Sequence[TextExample] | Sequence[TaggedSentence], path: 
     if all(_is_int(s) for s in seen):
         return tuple(sorted(seen, key=lambda s: (int(s), s)))
     return tuple(sorted(seen))
+
+
+def invisible(label: str) -> str | None:
+    """The first control or format character of a label (NUL, a zero-width space; an emoji's joiner excepted)."""
+    return next((c for c in label if unicodedata.category(c) in ("Cc", "Cf") and c != ZWJ), None)
 
 
 def look_alike(labels: Sequence[str]) -> list[tuple[str, str]]:

@@ -390,6 +390,16 @@ class FinetuneSetup(SetupBase):
 
     def read_data(self) -> None:
         meta, t = self.model_meta(), self.cfg.train
+        # A resumed checkpoint's head and packing against the run's data and config (a label list edited in the
+        # file failed with a KeyError at the first batch, after the logs were opened)
+        if tuple(meta.labels) != tuple(self.data.labels) or meta.max_seq_len != self.cfg.data.max_seq_len:
+            what = "labels" if tuple(meta.labels) != tuple(self.data.labels) else "max_seq_len"
+            ours = list(meta.labels) if what == "labels" else meta.max_seq_len
+            theirs = list(self.data.labels) if what == "labels" else self.cfg.data.max_seq_len
+            raise UserError(
+                f"{self.described or 'the checkpoint'}: {what} {quote(ours, 80)} in the checkpoint, "
+                f"{quote(theirs, 80)} in the run; resume from an intact last.pt or choose another --out"
+            )
         if meta.max_seq_len > meta.encoder.max_positions:
             raise UserError(
                 f"data.max_seq_len ({meta.max_seq_len}) exceeds the model's {meta.encoder.max_positions} positions; "
