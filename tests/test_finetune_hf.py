@@ -220,7 +220,25 @@ DAMAGES = {
     "decoder": (lambda f: _set_json(f / "config.json", is_decoder=True), "sets is_decoder to"),
     "heads": (lambda f: _set_json(f / "config.json", num_attention_heads=3), "not divisible by num_attention_heads"),
     "float_vocab": (lambda f: _set_json(f / "config.json", vocab_size=120.9), "vocab_size is"),
+    # sizes and rates out of tcli's bounds, named by config.json's key (not "1 validation error for ...")
+    "zero_width": (lambda f: _set_json(f / "config.json", hidden_size=0), "hidden_size is 0: input should be"),
+    "layers": (lambda f: _set_json(f / "config.json", num_hidden_layers=10**9), "num_hidden_layers is 1000000000"),
+    "dropout": (lambda f: _set_json(f / "config.json", hidden_dropout_prob=1.5), "hidden_dropout_prob is 1.5"),
+    "null_dropout": (
+        lambda f: _set_json(f / "config.json", attention_probs_dropout_prob=None),
+        "probs_dropout_prob is",
+    ),
+    # a tensor of a layer config.json does not have was dropped in silence
+    "extra_layer": (lambda f: _add_tensor(f, "bert.encoder.layer.9.attention.self.query.weight"), "layer 9"),
 }
+
+
+def _add_tensor(folder: Path, name: str) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    save_file({**weights, name: torch.zeros(2, 2)}, str(folder / "model.safetensors"))
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))

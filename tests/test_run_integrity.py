@@ -630,3 +630,17 @@ def test_bool_keys_take_only_true_and_false(key, value):
         cfg = load_config(TranslationRunConfig, None, [f"{key}={text}", "train.max_steps=1", *separate])
         section, name = key.split(".")
         assert getattr(getattr(cfg, section), name) is expected
+
+
+def test_an_empty_vocabulary_file_is_one_line_without_sentencepiece_logs(tmp_path, capfd):
+    """sentencepiece reads no bytes as a model of no pieces and logs "Model is not initialized" from C++ at each
+    lookup: eleven lines on stderr before the error of `--init-from-hf` with an empty spiece.model."""
+    from transformer_cli.errors import UserError
+    from transformer_cli.vocab import Vocab, load_model_file
+
+    empty = tmp_path / "spiece.model"
+    empty.write_bytes(b"")
+    for load in (Vocab.load, load_model_file):
+        with pytest.raises(UserError, match="the file is empty, not a sentencepiece model"):
+            load(empty)
+    assert capfd.readouterr().err == ""

@@ -10,6 +10,7 @@ like it (tokenizer.json, tokenizer_config.json, special_tokens_map.json; see exp
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,9 @@ def to_hf_state_dict(state: dict[str, Tensor], layers: int, heads: bool = True) 
     return {name: t.detach().contiguous().clone() for name, t in out.items()}
 
 
+_LAYER_INDEX = re.compile(r"bert\.encoder\.layer\.(\d+)\.")
+
+
 def from_hf_state_dict(hf: dict[str, Tensor], layers: int, heads: bool = True) -> dict[str, Tensor]:
     """The inverse of `to_hf_state_dict`; `heads=False` takes the encoder and pooler alone (the tensors of
     whatever heads the HF class that saved them had are ignored)."""
@@ -79,6 +83,12 @@ def from_hf_state_dict(hf: dict[str, Tensor], layers: int, heads: bool = True) -
     if missing:
         kind = "BertForPreTraining" if heads else "BERT model"
         raise UserError(f"the HF weights lack {missing[0]} (and {len(missing) - 1} more); not a {kind}")
+    beyond = sorted({int(m.group(1)) for m in map(_LAYER_INDEX.match, hf) if m and int(m.group(1)) >= layers})
+    if beyond:  # a deeper model than config.json says: its last layers would be dropped in silence
+        raise UserError(
+            f"the HF weights hold layer {beyond[-1]}, but config.json's num_hidden_layers is {layers}; "
+            "the weights are not of the model config.json describes"
+        )
     out = {ours: hf[theirs] for ours, theirs in names.items()}
     for i in range(layers):
         prefix, theirs = f"encoder.{i}.", _LAYER.format(i=i)
@@ -298,7 +308,10 @@ def load_hf_bert(folder: Path, model: BertModelConfig) -> tuple[dict[str, Tensor
             f"{where}: cls.predictions.decoder.weight differs from the word embeddings (tie_word_embeddings "
             "false); tcli's BERT ties them, so it would compute another model: use a folder with tied embeddings"
         )
-    return from_hf_state_dict(weights, model.layers), vocab
+    try:
+        return from_hf_state_dict(weights, model.layers), vocab
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
 
 
 # config.json keys that change what the model computes, with the value tcli's BERT computes with; a key left

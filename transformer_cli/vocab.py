@@ -27,6 +27,8 @@ class Vocab:
 
     def __init__(self, model_bytes: bytes):
         self.model_bytes = bytes(model_bytes)
+        if not self.model_bytes:  # sentencepiece takes it as a model of no pieces, and logs at every lookup
+            raise RuntimeError("the file is empty, not a sentencepiece model")
         self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from transformer_cli.config import INIT_NONE_ARCHITECTURE, BertModelConfig, FinetuneRunConfig, FinetuneTrainConfig
 from transformer_cli.console import say
 from transformer_cli.datasets.labeled import (
@@ -225,6 +227,18 @@ def scratch_vocab(cfg: FinetuneRunConfig, data: LabelledData) -> Vocab:
     return _SCRATCH_VOCABS[key]
 
 
+# config.json's name of each BertModelConfig field _hf_init fills
+HF_KEYS = {
+    "d_model": "hidden_size",
+    "layers": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "ffn_dim": "intermediate_size",
+    "max_positions": "max_position_embeddings",
+    "dropout": "hidden_dropout_prob",
+    "attention_dropout": "attention_probs_dropout_prob",
+}
+
+
 def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
     """A Hugging Face BERT folder: config.json, model.safetensors or pytorch_model.bin, and its tokenizer."""
     from transformer_cli.bert_tokenizer import tokenizer_of_hf_folder
@@ -261,6 +275,13 @@ def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
             attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
         )
         vocab_size = int(hf["vocab_size"])
+    except ValidationError as e:  # a value out of tcli's bounds, named by its key in config.json
+        error = e.errors()[0]
+        ours = str(error["loc"][0]) if error.get("loc") else ""
+        key = HF_KEYS.get(ours, ours)
+        raise UserError(
+            f"{config_path}: {key} is {quote(hf.get(key), 40)}: {error['msg'].lower()}; not a BERT config tcli loads"
+        ) from None
     except (KeyError, ValueError, TypeError) as e:
         raise UserError(f"{config_path}: not a BERT config ({str(e).splitlines()[0][:120]})") from None
     tokenizer = tokenizer_of_hf_folder(folder)
