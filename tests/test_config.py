@@ -157,6 +157,15 @@ def test_missing_file_and_bad_override(tmp_path):
         parse_overrides(["train.lr"])
 
 
+def test_a_config_without_end_is_read_bounded(tmp_path):
+    """`--config /dev/zero` read until the machine's memory was gone; a config of over 1 MiB is refused."""
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * (1 << 20) + "\n")
+    for path in (big, *([Path("/dev/zero")] if Path("/dev/zero").exists() else [])):
+        with pytest.raises(UserError, match="holds over 1 MiB, more than a config's few lines of YAML"):
+            load_config(TranslationRunConfig, path)
+
+
 def test_dump_roundtrip():
     cfg = load_config(TranslationRunConfig, None, ["train.max_steps=3", "train.adam_betas=[0.9, 0.99]"])
     again = TranslationRunConfig.model_validate(yaml.safe_load(dump_config(cfg)))

@@ -374,11 +374,21 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping, turning every failure into a one-line UserError."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:  # bounded: `--config /dev/zero` filled the memory
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise UserError(
+                f"config file {path} holds over {MAX_CONFIG_BYTES // 2**20} MiB, more than a config's few lines of "
+                "YAML; check the path"
+            )
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise UserError(f"config file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as e:
