@@ -263,6 +263,36 @@ def test_resume_tokenises_nothing_and_changed_text_is_preprocessed_again(tmp_pat
     assert manifest["splits"]["train"]["counts"]["pairs"] == 200
 
 
+def test_a_hand_edited_manifest_is_refused_naming_what_is_wrong(tmp_path, preprocessed):
+    """A manifest whose keys are not of their types (a KeyError in training), or whose counts are negative (-3
+    documents in the training log), is damaged; a split the config needs and the manifest lacks is named."""
+    import json
+    import shutil
+
+    from transformer_cli.datasets.shards import read_manifest
+    from transformer_cli.errors import UserError
+
+    original = json.loads((preprocessed / "manifest.json").read_text())
+    first = next(iter(original["splits"]))
+    for edit, fragment in (
+        (lambda m: m["splits"][first]["counts"].update(pairs=-3), f"split '{first}': its files and counts"),
+        (lambda m: m["splits"][first].pop("files"), f"split '{first}'"),
+        (lambda m: m.update(splits=[]), "no splits"),
+        (lambda m: m.update(vocab_files="joint"), "vocab_files"),
+        (lambda m: m.update(vocab_sha256={}), "vocab_sha256"),
+        (lambda m: m.update(dtype="<f4"), "dtype '<f4'"),
+    ):
+        folder = copy_folder(preprocessed, tmp_path / "edited")
+        manifest = json.loads(json.dumps(original))
+        edit(manifest)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(UserError, match=f"manifest.json is damaged .{fragment}"):
+            read_manifest(folder, "translation")
+        shutil.rmtree(folder)
+    with pytest.raises(UserError, match="has no split 'nope'"):
+        read_manifest(preprocessed, "translation").split("nope")
+
+
 def test_damaged_preprocessed_folders_are_one_line_errors(tmp_path, data, preprocessed):
     config = str(tiny_config(tmp_path, data, steps=2))
 

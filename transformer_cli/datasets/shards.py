@@ -43,7 +43,7 @@ from transformer_cli.datasets.text import (
     read_block,
     split_sentences,
 )
-from transformer_cli.errors import UserError
+from transformer_cli.errors import UserError, quote
 from transformer_cli.files import write_atomic
 
 FORMAT = "tcli-shards/1"
@@ -197,6 +197,11 @@ class Manifest:
         return np.dtype(self.data["dtype"])
 
     def split(self, name: str) -> dict[str, Any]:
+        if name not in self.data["splits"]:
+            raise UserError(
+                f"{self.folder / MANIFEST} has no split {name!r} (it has {', '.join(map(repr, self.data['splits']))}); "
+                "run tcli preprocess again with this config"
+            )
         return self.data["splits"][name]
 
     def array(self, split: str, side: str) -> TokenArray:
@@ -223,6 +228,9 @@ def read_manifest(folder: Path, kind: str) -> Manifest:
         raise UserError(f"{path} is not a tcli preprocessed-data manifest (format {FORMAT}); run tcli preprocess")
     if data.get("kind") != kind:
         raise UserError(f"{folder} holds {data.get('kind')} data, not {kind} data; preprocess with the {kind} config")
+    damage = _structure_damage(data)
+    if damage:  # a hand-edited manifest: a KeyError or a count of -3 documents in the training log
+        raise UserError(f"{path} is damaged ({damage}); run tcli preprocess again")
     for split in data["splits"].values():
         for name, size in split["files"].items():
             file = folder / name
@@ -241,6 +249,33 @@ def read_manifest(folder: Path, kind: str) -> Manifest:
 
 
 SCAN = 1 << 22  # values per block when an array is checked: memory stays bounded whatever the corpus
+
+
+def _structure_damage(data: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest's layout (the keys tcli reads, of their types), or None."""
+
+    def counts(value: Any) -> bool:
+        return isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0 for k, n in value.items()
+        )
+
+    splits, files = data.get("splits"), data.get("vocab_files")
+    if not isinstance(splits, dict) or not splits:
+        return "no splits"
+    for name, split in splits.items():
+        if not (isinstance(split, dict) and counts(split.get("files")) and counts(split.get("counts"))):
+            return f"split {quote(name, 40)}: its files and counts must be names with sizes of 0 or more"
+    if not (isinstance(files, list) and files and all(isinstance(f, str) for f in files)):
+        return "vocab_files"
+    hashes = data.get("vocab_sha256")
+    if not (isinstance(hashes, dict) and all(isinstance(hashes.get(f), str) for f in files)):
+        return "vocab_sha256"
+    try:
+        if np.dtype(data.get("dtype")).kind not in "iu":
+            return f"dtype {quote(data.get('dtype'), 20)}"
+    except TypeError:
+        return f"dtype {quote(data.get('dtype'), 20)}"
+    return None
 
 
 def check_contents(manifest: Manifest) -> None:
