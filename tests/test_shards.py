@@ -325,6 +325,13 @@ def test_damaged_preprocessed_folders_are_one_line_errors(tmp_path, data, prepro
     damaged = copy_folder(preprocessed, tmp_path / "damaged")
     (damaged / "manifest.json").write_text("{not json")
     one_line_error(train(damaged), "manifest.json is damaged")
+    lacking = copy_folder(preprocessed, tmp_path / "lacking")  # a KeyError once the run folder had been written
+    manifest = json.loads((lacking / "manifest.json").read_text())
+    del manifest["splits"]["val"]
+    (lacking / "manifest.json").write_text(json.dumps(manifest))
+    runs = set(tmp_path.iterdir())
+    one_line_error(train(lacking), "has no split 'val'")
+    assert set(tmp_path.iterdir()) == runs  # no run folder
     one_line_error(train(preprocessed, "--set", "data.max_len=10"), "data.max_len is 10", "preprocessed with 60")
     one_line_error(train(preprocessed, "--set", "vocab.size=100"), "vocab.size is 100")
     one_line_error(train(preprocessed, "--set", "data.valid=test"), "data.valid is 'test'")

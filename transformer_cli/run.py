@@ -370,6 +370,7 @@ class TaskSetup(Protocol):
     def train_vocabs(self, quiet: bool) -> list[Any]: ...  # from a bounded sample of the text, or given
     def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Any]: ...
     def preprocessed(self) -> Manifest | None: ...  # the data.preprocessed folder (checked), if any
+    def split_names(self) -> list[str]: ...  # the splits the task reads (a preprocessed folder must hold them)
     def data_settings(self) -> dict[str, Any]: ...  # what the token arrays depend on besides the vocabulary
     def sources(self) -> dict[str, Any]: ...  # sizes and hashes of the text files
     def write_shards(self, folder: Path, vocabs: list[Vocab], quiet: bool) -> dict[str, Any]: ...  # -> splits
@@ -415,6 +416,8 @@ class SetupBase:
         if self.cfg.data.preprocessed is not None and self._manifest is None:
             self._manifest = read_manifest(Path(self.cfg.data.preprocessed), self.kind)
             check_preprocessed(self._manifest, self.data_settings(), self.cfg.vocab)
+            for name in self.split_names():  # before the run folder is written, not when the task reads them
+                self._manifest.split(name)
         return self._manifest
 
     def sources(self) -> dict[str, Any]:
@@ -737,20 +740,22 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
             vocabs = [Vocab.load(p) for p in found.vocab_paths()]
             expected = {**_expected_manifest(setup, vocabs), "vocab_settings": setup.vocab_settings()}
             changed = _differences(found.data, expected)
-            if not changed:
+            lacking = [name for name in setup.split_names() if name not in found.data["splits"]]
+            if not changed and not lacking:
                 say(quiet, f"{out} is up to date; nothing to do")
                 return found
-            key = changed[0]
-            if isinstance(expected[key], dict):  # name the setting or file inside
-                inner = [
-                    k
-                    for k in {**expected[key], **found.data.get(key, {})}
-                    if expected[key].get(k) != found.data.get(key, {}).get(k)
-                ]
-                key = f"{key} ({', '.join(map(str, inner[:3]))})" if inner else key
-            raise UserError(
-                f"{out} holds preprocessed data with other {key}; use --force to replace it, or another --out"
-            )
+            if changed:  # (the same settings without a split the config names: damaged, and redone)
+                key = changed[0]
+                if isinstance(expected[key], dict):  # name the setting or file inside
+                    inner = [
+                        k
+                        for k in {**expected[key], **found.data.get(key, {})}
+                        if expected[key].get(k) != found.data.get(key, {}).get(k)
+                    ]
+                    key = f"{key} ({', '.join(map(str, inner[:3]))})" if inner else key
+                raise UserError(
+                    f"{out} holds preprocessed data with other {key}; use --force to replace it, or another --out"
+                )
         wrote = True
         remove_stale_temporaries(out)
         _clear_preprocessing(out, setup.vocab_files(), keep_vocab=other in (None, setup.kind))

@@ -69,6 +69,9 @@ class BertSetup(SetupBase):
         self.given_vocab: Vocab | None = None  # vocab.model, read by read_data
         self._indexes: dict[str, LineIndex] = {}  # the text files' blocks, found by read_data
 
+    def split_names(self) -> list[str]:
+        return list(self.paths)  # train, valid
+
     def read_data(self) -> None:
         """The text files are read through once before anything is written: a missing file, invalid UTF-8 or
         a corpus without two documents stops the run here (in bounded memory)."""

@@ -443,6 +443,9 @@ class FinetuneSetup(SetupBase):
     def preprocessed(self) -> None:
         return None
 
+    def split_names(self) -> list[str]:
+        return []  # no preprocessed folder
+
     def count_parameters(self) -> tuple[int, int]:
         import torch
 

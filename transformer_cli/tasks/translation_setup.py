@@ -41,6 +41,9 @@ class TranslationSetup(SetupBase):
         self.given_vocab: Vocab | None = None  # vocab.model, read by read_data
         self._indexes: dict[str, tuple[LineIndex, LineIndex]] = {}  # the text files' blocks, found by read_data
 
+    def split_names(self) -> list[str]:
+        return [split.name for split in self.split_files()]
+
     def split_files(self) -> list[SplitFiles]:
         """The splits to tokenise: training pairs over data.max_len are dropped; validation and test keep every
         non-empty pair (and their references)."""
