@@ -620,6 +620,10 @@ def test_plot_draws_a_finetuning_run_and_names_a_file_given_as_run(tmp_path):
     code, err = tcli("plot", tmp_path / "c.png", "--out", tmp_path / "d.png")
     one_line_error(code, err)
     assert "is not a run directory (a file)" in err
+    for run, what in ((tmp_path / "c.png", "a file"), (tmp_path / "nowhere", "no such folder")):
+        code, err = tcli("plot", run)  # the default --out is inside the run: it was the option the error named
+        one_line_error(code, err)
+        assert f"is not a run directory ({what})" in err and "--out" not in err.replace("'s --out named", ""), err
 
 
 # ----------------------------------------------------------------------------- 6. options (fuzzed, 2026-12-06)

@@ -40,14 +40,18 @@ ROWS: list[tuple[str, list[tuple[str, str, str]]]] = [
 ]
 
 
+def check_run_dir(run_dir: Path) -> None:
+    if not run_dir.is_dir():
+        what = "a file" if run_dir.exists() else "no such folder"
+        raise UserError(f"{run_dir} is not a run directory ({what}); give the folder a run's --out named")
+
+
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     """The events of `<run_dir>/metrics.jsonl`; a line that is not one (cut short by a kill, not UTF-8, not
     JSON, or with a step or wall time that is not a finite number) is skipped. One-line errors for a missing
     folder or log, or a log without train or eval events."""
     path = run_dir / "metrics.jsonl"
-    if not run_dir.is_dir():
-        what = "a file" if run_dir.exists() else "no such folder"
-        raise UserError(f"{run_dir} is not a run directory ({what}); give the folder a run's --out named")
+    check_run_dir(run_dir)
     if not path.is_file():
         raise UserError(f"{path} not found: is {run_dir} a run directory of tcli train / pretrain-bert / finetune?")
     try:
@@ -98,7 +102,9 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     from transformer_cli.attention_plot import require_matplotlib
 
     figure_module = require_matplotlib()
-    out = out if out is not None else run_dir / "curves.png"
+    if out is None:
+        check_run_dir(run_dir)  # the default --out is inside it: the folder is named first
+        out = run_dir / "curves.png"
     if str(out) == "-" or out.is_dir() or not out.parent.is_dir():
         raise UserError(f"--out {out}: give a file in an existing folder")
     check_replaceable(out)  # before drawing, not after
