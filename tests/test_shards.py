@@ -536,6 +536,23 @@ def test_bert_documents_stream_into_the_same_structure(tmp_path):
         assert stats["train"]["counts"]["documents"] == len(expected)
 
 
+def test_document_starts_that_next_sentence_prediction_cannot_use_are_damage(tmp_path):
+    """train.docs rewritten as one document passed the order checks and failed with a ValueError in the epoch
+    plan, after the run folder had been written; the preprocessed text checks what the text's reading checks."""
+    from transformer_cli.datasets.shards import _check_docs
+
+    for starts, fragment in (
+        ([0, 9], r"1 document\(s\)"),
+        ([0, 1, 2, 3], r"3 document\(s\), the longest of 1 sentence"),
+    ):
+        path = tmp_path / "train.docs"
+        np.array(starts, "<i8").tofile(path)
+        with pytest.raises(UserError, match=fragment):
+            _check_docs(path, starts[-1])
+    np.array([0, 1, 3], "<i8").tofile(path)
+    _check_docs(path, 3)
+
+
 def test_background_feeder_gives_the_same_batches_in_order_and_passes_errors_on():
     """The GPU path prepares batches in a thread one update ahead: the same batches, in the same groups, as
     making them when needed (exact resume does not depend on the device); an error in a batch reaches the

@@ -341,6 +341,11 @@ def _check_docs(path: Path, sentences: int) -> None:
         raise UserError(
             f"{path}: its document starts are not increasing sentence numbers from 0 to {sentences}; preprocess again"
         )
+    if len(docs) < 3 or int(np.diff(docs).max()) < 2:  # as the text's check (check_document_counts) has it
+        raise UserError(
+            f"{path}: {len(docs) - 1} document(s), the longest of {int(np.diff(docs).max())} sentence(s); next "
+            "sentence prediction needs two documents, one of them of two sentences or more; preprocess again"
+        )
 
 
 # ----------------------------------------------------------------------------- writing
