@@ -205,33 +205,27 @@ def test_a_starting_model_that_cannot_be_read_is_the_only_line(tmp_path, glue_di
     assert result.output.count("\n") == 1 and not out.exists()
 
 
-def test_bad_data_in_a_later_task_stops_before_any_training(tmp_path, glue_dir):
-    """RTE comes after MNLI in GLUE's order; its bad row is found before MNLI trains."""
+@pytest.mark.parametrize(
+    "name, line, fragments",
+    [
+        # RTE comes after MNLI in GLUE's order: its bad row is found before MNLI trains
+        ("dev.tsv", "99\tone\ttwo\tmaybe\n", ("dev.tsv:", "'maybe'")),
+        # from scratch each task trains its own vocabulary: RTE's holds characters MNLI's does not, and vocab.size
+        # 40 is enough for MNLI's only
+        ("train.tsv", "99\tQXZJKVY 0123456789 PWGUE\tthe end\tentailment\n", ("vocab.size 40 is too small for", "RTE")),
+    ],
+)
+def test_a_problem_of_a_later_task_stops_before_any_training(tmp_path, glue_dir, name, line, fragments):
     import shutil
 
     data = tmp_path / "glue_data"
     shutil.copytree(glue_dir, data)
-    dev = data / "RTE" / "dev.tsv"
-    dev.write_text(dev.read_text() + "99\tone\ttwo\tmaybe\n")
+    path = data / "RTE" / name
+    path.write_text(path.read_text() + line)
     out = tmp_path / "out"
     result = _glue("--checkpoint", "none", "--data-dir", str(data), "--out", str(out), *_sets())
-    assert result.exit_code == 2 and "dev.tsv:" in result.output and "'maybe'" in result.output, result.output
+    assert result.exit_code == 2 and all(f in result.output for f in fragments), result.output
     assert not out.exists()
-
-
-def test_a_vocab_too_small_for_a_later_task_stops_before_any_training(tmp_path, glue_dir):
-    """From scratch each task trains its own vocabulary; RTE's holds characters MNLI's does not, and vocab.size 40
-    is enough for MNLI's only. The check comes before MNLI trains."""
-    import shutil
-
-    data = tmp_path / "glue_data"
-    shutil.copytree(glue_dir, data)
-    train = data / "RTE" / "train.tsv"
-    train.write_text(train.read_text() + "99\tQXZJKVY 0123456789 PWGUE\tthe end\tentailment\n")
-    out = tmp_path / "out"
-    result = _glue("--checkpoint", "none", "--data-dir", str(data), "--out", str(out), *_sets())
-    assert result.exit_code == 2 and "vocab.size 40 is too small for" in result.output, result.output
-    assert "RTE" in result.output and not out.exists()
 
 
 def test_glue_trains_each_vocabulary_once(tmp_path, glue_dir, monkeypatch):
