@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,25 @@ def test_a_config_without_end_is_read_bounded(tmp_path):
     for path in (big, *([Path("/dev/zero")] if Path("/dev/zero").exists() else [])):
         with pytest.raises(UserError, match="holds over 1 MiB, more than a config's few lines of YAML"):
             load_config(TranslationRunConfig, path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_config_from_a_pipe_is_read_once(tmp_path):
+    """`count-params --config <(cat x.yaml)`: the kind was read from the pipe, then the config again, and the
+    second open waited for a writer forever."""
+    import threading
+
+    from transformer_cli.config import file_config
+
+    pipe = tmp_path / "config.yaml"
+    os.mkfifo(pipe)
+    text = (ROOT / "configs" / "quickstart.yaml").read_text()
+    threading.Thread(target=pipe.write_text, args=(text,), daemon=True).start()
+    got = []
+    reader = threading.Thread(target=lambda: got.append(file_config(pipe)), daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert got and got[0] == load_config(TranslationRunConfig, ROOT / "configs" / "quickstart.yaml")
 
 
 def test_dump_roundtrip():

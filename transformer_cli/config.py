@@ -443,11 +443,17 @@ def _valid_keys(schema: type[BaseModel], loc: tuple) -> str:
 
 
 def load_config(
-    schema: type[Section], path: str | Path | None, overrides: list[str] | None = None, source: str | None = None
+    schema: type[Section],
+    path: str | Path | None,
+    overrides: list[str] | None = None,
+    source: str | None = None,
+    raw: dict[str, Any] | None = None,
 ) -> Any:
     """Load `path` (or only defaults when None), apply `--set` overrides, validate. Errors name `source`
-    (default: the file, or "defaults", and the overrides)."""
-    raw = read_yaml(path) if path is not None else {}
+    (default: the file, or "defaults", and the overrides). `raw`: the file's mapping where it was read already
+    (a pipe, `--config <(...)`, can be read once)."""
+    if raw is None:
+        raw = read_yaml(path) if path is not None else {}
     if source is None:
         source = str(path) if path is not None else "defaults"
         if overrides:
@@ -784,4 +790,5 @@ def config_kind(raw: dict[str, Any]) -> str:
 
 def file_config(path: Path, overrides: list[str] | None = None) -> TranslationRunConfig | BertRunConfig:
     """A translation or BERT YAML config (kind detected from its keys) with `--set` overrides."""
-    return load_config(SCHEMAS[config_kind(read_yaml(path))], path, overrides)
+    raw = read_yaml(path)
+    return load_config(SCHEMAS[config_kind(raw)], path, overrides, raw=raw)
