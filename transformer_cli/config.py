@@ -754,16 +754,10 @@ def _check_metrics(task: FinetuneTaskConfig) -> None:
     """task.metrics: known names that score the task's kind, each once (else the first evaluation would fail)."""
     if task.metrics is None:
         return
-    fits = task_metrics.BY_KIND[task.kind]
     if not task.metrics:
+        fits = task_metrics.BY_KIND[task.kind]
         raise ValueError(f"task.metrics is empty; name one or more of {', '.join(fits)}, or leave it out")
-    for i, name in enumerate(task.metrics):
-        if name not in task_metrics.METRICS:
-            raise ValueError(f"task.metrics: unknown metric {name!r}; a {task.kind} task takes {', '.join(fits)}")
-        if name not in fits:
-            raise ValueError(f"task.metrics: {name} does not score a {task.kind} task; it takes {', '.join(fits)}")
-        if name in task.metrics[:i]:
-            raise ValueError(f"task.metrics names {name} twice; name each metric once")
+    task_metrics.check_names(task.kind, task.metrics, "task.metrics")
 
 
 # ----------------------------------------------------------------------------- config files of either kind

@@ -196,17 +196,15 @@ def _evaluate_finetuned(
     from transformer_cli.finetuned import evaluate_examples
 
     meta, stored = ckpt.finetune, ckpt.state["finetune"].get("metrics")
-    allowed = task_metrics.BY_KIND[meta.kind]
-    if stored is not None and not (
-        isinstance(stored, list)
-        and all(isinstance(m, str) and m in allowed for m in stored)
-        and len(set(stored)) == len(stored)
-        and ("f1" not in stored or len(meta.labels) == 2)
-    ):
-        raise UserError(
-            f"{ckpt.path}: the stored metrics {quote(stored, 60)} are damaged (a {meta.kind} model of "
-            f"{len(meta.labels)} labels is scored with {', '.join(allowed)})"
-        )
+    what = f"{ckpt.path}: the stored metrics {quote(stored, 60)}"
+    if stored is not None and not isinstance(stored, list):
+        raise UserError(f"{what} are damaged: not a list of metric names")
+    try:  # as the run's config was checked (task.metrics), and f1 with two labels, as its data was
+        task_metrics.check_names(meta.kind, stored or [], what)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if "f1" in (stored or []) and len(meta.labels) != 2:
+        raise UserError(f"{what} are damaged: f1 scores two labels, and the model has {len(meta.labels)}")
     metrics = tuple(stored or ())
     sets = _labelled_examples(ckpt, split, input_path, data_dir)
     result: dict[str, Any] = {"data": split if split is not None else str(input_path)}

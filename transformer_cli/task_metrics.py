@@ -167,6 +167,19 @@ def _prf(pred: set, gold: set) -> tuple[float, float, float]:
     return precision, recall, f1
 
 
+def check_names(kind: str, names: Sequence[str], what: str) -> None:
+    """Known metric names that score a task of `kind`, each once; ValueError naming the first that is not, as
+    `what` (task.metrics in a config, the metrics a checkpoint stores)."""
+    fits = BY_KIND[kind]
+    for i, name in enumerate(names):
+        if name not in METRICS:
+            raise ValueError(f"{what}: unknown metric {name!r}; a {kind} task takes {', '.join(fits)}")
+        if name not in fits:
+            raise ValueError(f"{what}: {name} does not score a {kind} task; it takes {', '.join(fits)}")
+        if name in names[:i]:
+            raise ValueError(f"{what} names {name} twice; name each metric once")
+
+
 def compute(metrics: Sequence[str], pred: Sequence, gold: Sequence) -> dict[str, float]:
     """The named metrics of predictions against gold.
 
