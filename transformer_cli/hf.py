@@ -334,6 +334,7 @@ SIZE_KEYS = {
     "intermediate_size": "ffn_dim",
     "max_position_embeddings": "max_positions",
 }
+DROPOUT_KEYS = {"hidden_dropout_prob": "dropout", "attention_probs_dropout_prob": "attention_dropout"}  # 0.1 if absent
 
 
 def check_hf_config(hf: dict, expected: dict, where: str) -> None:

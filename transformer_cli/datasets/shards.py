@@ -271,11 +271,10 @@ def _structure_damage(data: dict[str, Any]) -> str | None:
     if not (isinstance(hashes, dict) and all(isinstance(hashes.get(f), str) for f in files)):
         return "vocab_sha256"
     try:
-        if np.dtype(data.get("dtype")).kind not in "iu":
-            return f"dtype {quote(data.get('dtype'), 20)}"
+        integers = np.dtype(data.get("dtype")).kind in "iu"
     except TypeError:
-        return f"dtype {quote(data.get('dtype'), 20)}"
-    return None
+        integers = False
+    return None if integers else f"dtype {quote(data.get('dtype'), 20)}"
 
 
 def check_contents(manifest: Manifest) -> None:
@@ -341,9 +340,10 @@ def _check_docs(path: Path, sentences: int) -> None:
         raise UserError(
             f"{path}: its document starts are not increasing sentence numbers from 0 to {sentences}; preprocess again"
         )
-    if len(docs) < 3 or int(np.diff(docs).max()) < 2:  # as the text's check (check_document_counts) has it
+    longest = int(np.diff(docs).max())
+    if len(docs) < 3 or longest < 2:  # as the text's check (check_document_counts) has it
         raise UserError(
-            f"{path}: {len(docs) - 1} document(s), the longest of {int(np.diff(docs).max())} sentence(s); next "
+            f"{path}: {len(docs) - 1} document(s), the longest of {longest} sentence(s); next "
             "sentence prediction needs two documents, one of them of two sentences or more; preprocess again"
         )
 

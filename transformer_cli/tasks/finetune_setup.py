@@ -227,22 +227,10 @@ def scratch_vocab(cfg: FinetuneRunConfig, data: LabelledData) -> Vocab:
     return _SCRATCH_VOCABS[key]
 
 
-# config.json's name of each BertModelConfig field _hf_init fills
-HF_KEYS = {
-    "d_model": "hidden_size",
-    "layers": "num_hidden_layers",
-    "heads": "num_attention_heads",
-    "ffn_dim": "intermediate_size",
-    "max_positions": "max_position_embeddings",
-    "dropout": "hidden_dropout_prob",
-    "attention_dropout": "attention_probs_dropout_prob",
-}
-
-
 def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
     """A Hugging Face BERT folder: config.json, model.safetensors or pytorch_model.bin, and its tokenizer."""
     from transformer_cli.bert_tokenizer import tokenizer_of_hf_folder
-    from transformer_cli.hf import SIZE_KEYS, check_function_keys, check_integers
+    from transformer_cli.hf import DROPOUT_KEYS, SIZE_KEYS, check_function_keys, check_integers
 
     where = f"model.init {folder}"
     config_path = folder / "config.json"
@@ -266,19 +254,14 @@ def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
             )
     try:
         encoder = BertModelConfig(
-            d_model=hf["hidden_size"],
-            layers=hf["num_hidden_layers"],
-            heads=hf["num_attention_heads"],
-            ffn_dim=hf["intermediate_size"],
-            max_positions=hf["max_position_embeddings"],
-            dropout=hf.get("hidden_dropout_prob", 0.1),
-            attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+            **{ours: hf[key] for key, ours in SIZE_KEYS.items()},
+            **{ours: hf.get(key, 0.1) for key, ours in DROPOUT_KEYS.items()},
         )
         vocab_size = int(hf["vocab_size"])
     except ValidationError as e:  # a value out of tcli's bounds, named by its key in config.json
         error = e.errors()[0]
         ours = str(error["loc"][0]) if error.get("loc") else ""
-        key = HF_KEYS.get(ours, ours)
+        key = next((key for key, field in {**SIZE_KEYS, **DROPOUT_KEYS}.items() if field == ours), ours)
         raise UserError(
             f"{config_path}: {key} is {quote(hf.get(key), 40)}: {error['msg'].lower()}; not a BERT config tcli loads"
         ) from None
@@ -413,14 +396,15 @@ class FinetuneSetup(SetupBase):
         meta, t = self.model_meta(), self.cfg.train
         # A resumed checkpoint's head and packing against the run's data and config (a label list edited in the
         # file failed with a KeyError at the first batch, after the logs were opened)
-        if tuple(meta.labels) != tuple(self.data.labels) or meta.max_seq_len != self.cfg.data.max_seq_len:
-            what = "labels" if tuple(meta.labels) != tuple(self.data.labels) else "max_seq_len"
-            ours = list(meta.labels) if what == "labels" else meta.max_seq_len
-            theirs = list(self.data.labels) if what == "labels" else self.cfg.data.max_seq_len
-            raise UserError(
-                f"{self.described or 'the checkpoint'}: {what} {quote(ours, 80)} in the checkpoint, "
-                f"{quote(theirs, 80)} in the run; resume from an intact last.pt or choose another --out"
-            )
+        for what, ours, theirs in (
+            ("labels", list(meta.labels), list(self.data.labels)),
+            ("max_seq_len", meta.max_seq_len, self.cfg.data.max_seq_len),
+        ):
+            if ours != theirs:
+                raise UserError(
+                    f"{self.described or 'the checkpoint'}: {what} {quote(ours, 80)} in the checkpoint, "
+                    f"{quote(theirs, 80)} in the run; resume from an intact last.pt or choose another --out"
+                )
         if meta.max_seq_len > meta.encoder.max_positions:
             raise UserError(
                 f"data.max_seq_len ({meta.max_seq_len}) exceeds the model's {meta.encoder.max_positions} positions; "

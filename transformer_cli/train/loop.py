@@ -547,11 +547,8 @@ class Trainer:
         }
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        settings, base_lrs, steps = (
-            optimizer_settings(self.optimizer),
-            list(self.scheduler.base_lrs),
-            ckpt["train_state"]["step"],
-        )
+        steps = ckpt["train_state"]["step"]
+        settings, base_lrs = optimizer_settings(self.optimizer), list(self.scheduler.base_lrs)  # the config's
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         check_optimizer_state(self.optimizer, steps, settings)

@@ -89,16 +89,15 @@ def check_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, steps
     at = scheduler.last_epoch
     if not isinstance(at, int) or isinstance(at, bool) or at != steps:
         raise ValueError(f"the schedule is at step {quote(at, 40)}, the train state at {steps}")
-    if _plain(scheduler.base_lrs) != _plain(base_lrs):
+    if not isinstance(scheduler.base_lrs, list) or _plain(scheduler.base_lrs) != _plain(base_lrs):
         raise ValueError(
             f"the schedule's base_lrs is {quote(scheduler.base_lrs, 60)}, where the config gives {base_lrs}"
         )
-    for key in ("base_lrs", "_last_lr"):
-        rates = getattr(scheduler, key, None)
-        if not (isinstance(rates, list) and len(rates) == len(scheduler.optimizer.param_groups)):
-            raise ValueError(f"the schedule's {key} is {quote(rates, 60)}, not a rate per parameter group")
-        if not all(finite_number(rate) for rate in rates):
-            raise ValueError(f"the schedule's {key} is {quote(rates, 60)}")
+    rates = getattr(scheduler, "_last_lr", None)  # (base_lrs, the config's, are a finite rate per group)
+    if not (isinstance(rates, list) and len(rates) == len(scheduler.optimizer.param_groups)):
+        raise ValueError(f"the schedule's _last_lr is {quote(rates, 60)}, not a rate per parameter group")
+    if not all(finite_number(rate) for rate in rates):
+        raise ValueError(f"the schedule's _last_lr is {quote(rates, 60)}")
 
 
 def optimizer_step(
