@@ -110,3 +110,27 @@ def test_kill_before_the_first_checkpoint_starts_over_cleanly(tmp_path, setup):
     assert resumed.returncode == 0, resumed.stderr
     assert_same_end(straight, run)
     assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 1
+
+
+def test_a_save_inside_a_logging_interval_resumes_the_same_train_events(tmp_path, setup):
+    """Saved at step 3, logged every 4 updates, killed after step 4: the resumed run's train event at step 4 still
+    averages updates 1-4 (the checkpoint keeps the interval's sums), as the uninterrupted run's does."""
+    config, _ = setup
+    extra = ("--set", "train.save_every=3", "--set", "train.log_every=4", "--set", "train.max_steps=8")
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    done = run_tcli("train", "--config", str(config), "--out", str(straight), "--quiet", *extra, *ON_CPU)
+    assert done.returncode == 0, done.stderr
+    crash = run_killed(4, "step", "train", "--config", str(config), "--out", str(run), "--quiet", *extra, *ON_CPU)
+    assert crash.returncode == -signal.SIGKILL, crash.stderr
+    assert state_of(run)["train_state"]["step"] == 3 and state_of(run)["train_state"]["interval"]["steps"] == 3
+    resumed = run_tcli(
+        "train", "--config", str(config), "--out", str(run), "--resume", "auto", "--quiet", *extra, *ON_CPU
+    )
+    assert resumed.returncode == 0, resumed.stderr
+
+    def train_events(run: Path) -> list[dict]:
+        timing = ("tgt_tokens_per_sec", "data_wait_s", "rss_mb")
+        return [{k: v for k, v in e.items() if k not in timing} for e in read_metrics(run) if e["event"] == "train"]
+
+    assert [e["step"] for e in train_events(straight)] == [4, 8]
+    assert train_events(run) == train_events(straight)

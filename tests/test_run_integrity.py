@@ -219,6 +219,14 @@ def _damage(state: dict, how: str) -> None:
         next(iter(state["optimizer"]["state"].values()))["step"] = torch.tensor(1e9)
     elif how == "sparse":
         weights[name] = weights[name].to_sparse()
+    elif how.startswith("interval_"):  # the sums of a logging interval cut by the save
+        interval, key = state["train_state"]["interval"], how.removeprefix("interval_")
+        if key == "type":
+            state["train_state"]["interval"] = [1, 2]
+        elif key == "sums":
+            interval["sums"] = {"loss": [math.inf, 3]}
+        else:
+            interval[key] = {"steps": 99, "tokens": -1, "seconds": "1.5", "grad_norm": math.nan}[key]
     elif how in ("best", "step", "batch_in_epoch", "train_seconds"):
         state["train_state"][how] = {"best": "abc", "step": -3, "batch_in_epoch": -5, "train_seconds": math.nan}[how]
 
@@ -251,6 +259,12 @@ def _damage(state: dict, how: str) -> None:
         ("step", "train_state.step is -3"),
         ("batch_in_epoch", "train_state.batch_in_epoch is -5"),
         ("train_seconds", "train_state.train_seconds is nan"),
+        ("interval_type", "train_state.interval (the updates since the last train event) is a list"),
+        ("interval_sums", "holds sums['loss'] = [inf, 3]"),
+        ("interval_steps", "counts 99 updates, more than the run's"),
+        ("interval_tokens", "holds tokens = -1, where a count"),
+        ("interval_seconds", "holds seconds = '1.5', where a time in seconds"),
+        ("interval_grad_norm", "holds grad_norm = nan"),
     ],
 )
 def test_a_damaged_last_pt_is_refused_on_resume(tmp_path, finished_run, how, fragment):

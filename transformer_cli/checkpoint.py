@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from transformer_cli.config import SCHEMAS, build_config
-from transformer_cli.errors import UserError, finite_number
+from transformer_cli.errors import UserError, finite_number, quote
 from transformer_cli.vocab import Vocab, check_bert_vocab
 
 # ----------------------------------------------------------------------------- writing
@@ -211,12 +211,53 @@ def check_resumable(ckpt: Checkpoint) -> None:
             f"{path} cannot be resumed: its train_state.{negative[0]} is {train_state[negative[0]]!r}, where a count "
             "or a time of 0 or more belongs; resume from an intact last.pt or choose another --out"
         )
+    damage = None if missing else _interval_damage(train_state.get("interval"), train_state["step"])
+    if damage:
+        raise UserError(
+            f"{path} cannot be resumed: its train_state.interval (the updates since the last train event) {damage}; "
+            "resume from an intact last.pt or choose another --out"
+        )
     if missing:
         raise UserError(
             f"{path} cannot be resumed: it lacks {missing[0]}"
             f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''} that a training checkpoint "
             "holds; resume from a last.pt written by tcli train / pretrain-bert, or choose another --out"
         )
+
+
+def _interval_damage(interval: Any, step: int) -> str | None:
+    """What is wrong with a checkpoint's train_state.interval (Trainer's _Interval.state_dict), or None; a checkpoint
+    written before intervals were saved has none, which is fine."""
+    if interval is None:
+        return None
+    if not isinstance(interval, dict):
+        return f"is a {type(interval).__name__}, not a dict"
+    counts = ("tokens", "rows", "steps")
+    for key in (*counts, "seconds", "data_wait"):
+        value = interval.get(key)
+        if not finite_number(value) or value < 0 or (key in counts and not isinstance(value, int)):
+            kind = "a count" if key in counts else "a time in seconds"
+            return f"holds {key} = {quote(value)}, where {kind} of 0 or more belongs"
+    if interval["steps"] > step:
+        return f"counts {interval['steps']} updates, more than the run's {step}"
+    grad_norm = interval.get("grad_norm")
+    if not (grad_norm is None or (finite_number(grad_norm) and grad_norm >= 0)):
+        return f"holds grad_norm = {quote(grad_norm)}, where a sum of gradient norms (0 or more) or null belongs"
+    sums = interval.get("sums")
+    if not isinstance(sums, dict):
+        return f"holds sums = {quote(sums)}, where a dict of loss sums belongs"
+    for key, entry in sums.items():
+        if not (
+            isinstance(key, str)
+            and isinstance(entry, list | tuple)
+            and len(entry) == 2
+            and finite_number(entry[0])
+            and isinstance(entry[1], int)
+            and not isinstance(entry[1], bool)
+            and entry[1] >= 0
+        ):
+            return f"holds sums[{quote(key)}] = {quote(entry)}, where [a finite loss sum, a count of 0 or more] belongs"
+    return None
 
 
 def _load(path: Path) -> dict[str, Any]:

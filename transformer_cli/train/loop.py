@@ -105,6 +105,36 @@ class _Interval:
         self.rows += rows
         self.seconds += seconds
 
+    def state_dict(self, sums: dict[str, tuple[float, int]]) -> dict[str, Any]:
+        """What a checkpoint keeps of an interval that a save cut in two, so that the resumed run's next train
+        event averages the same updates as an uninterrupted run's; `sums` are the losses summed over all ranks."""
+        return {
+            "sums": {k: [total, count] for k, (total, count) in sums.items()},
+            "tokens": self.tokens,
+            "rows": self.rows,
+            "seconds": self.seconds,
+            "grad_norm": None if self.grad_norm is None else float(self.grad_norm),
+            "steps": self.steps,
+            "data_wait": self.data_wait,
+        }
+
+    @classmethod
+    def restored(cls, saved: dict[str, Any] | None, with_sums: bool) -> _Interval:
+        """The interval a checkpoint saved (none: an empty one). The losses were summed over all ranks, so one
+        rank (`with_sums`) takes them and the others start from zero."""
+        if saved is None:
+            return cls()
+        sums = {k: [total, count] if with_sums else [0.0, 0] for k, (total, count) in saved["sums"].items()}
+        return cls(
+            sums=sums,
+            tokens=saved["tokens"],
+            rows=saved["rows"],
+            seconds=saved["seconds"],
+            grad_norm=None if saved["grad_norm"] is None else torch.tensor(saved["grad_norm"]),
+            steps=saved["steps"],
+            data_wait=saved["data_wait"],
+        )
+
 
 class _Feeder:
     """The batches of the next update, in order from batch `start` of an epoch's plan.
@@ -219,6 +249,7 @@ class Trainer:
         self.wall_start = time.perf_counter()
         self.nonfinite_limit = NONFINITE_LIMIT.get(runtime.precision, NONFINITE_DEFAULT)
         self.nonfinite_steps: list[int] = []  # the current run of updates skipped for NaN/inf gradients
+        self.interval = _Interval()  # the updates since the last train event
         self.on_saved: Callable[[int], None] = lambda step: None  # told after each write of last.pt
         self._seed_ranks()
 
@@ -314,7 +345,6 @@ class Trainer:
             return reason
         step_model = self._wrap()
         bar = _progress(self.total_steps, state.step, self.quiet)
-        interval = _Interval()
         self.signal_received = None
         with _StopSignal() as stop:
             try:
@@ -333,17 +363,17 @@ class Trainer:
                     while state.batch_in_epoch < len(specs) and reason is None:
                         t0 = time.perf_counter()
                         batches = feeder.next()
-                        interval.data_wait += time.perf_counter() - t0
-                        grad_norm, finite = self.train_step(step_model, batches, interval)
+                        self.interval.data_wait += time.perf_counter() - t0
+                        grad_norm, finite = self.train_step(step_model, batches, self.interval)
                         state.step += 1
                         self._check_finite(finite)
                         state.batch_in_epoch += len(batches)
                         tokens, rows = sum(b.throughput_tokens for b in batches), sum(b.rows for b in batches)
-                        interval.record(grad_norm, tokens, rows, time.perf_counter() - t0)
+                        self.interval.record(grad_norm, tokens, rows, time.perf_counter() - t0)
                         bar.update(1)
                         if state.step % cfg.log_every == 0:
-                            self._log_train(interval, bar)
-                            interval = _Interval()
+                            self._log_train(self.interval, bar)
+                            self.interval = _Interval()
                         reason = self._after_step(*self._agree(stop.received is not None, self._out_of_time()))
                     if reason is None:
                         state.epoch += 1
@@ -414,8 +444,8 @@ class Trainer:
                     objective, stats = self.task.step_loss(model, share, norms)
                 # DDP averages gradients over ranks; the objective is already a share of the global mean.
                 self.scaler.scale(objective * weight if weight != 1.0 else objective).backward()
-            if weight:
-                interval.add(stats)
+            # A rank without rows adds nothing but still knows the keys, which the ranks sum together when logging.
+            interval.add(stats if weight else {key: (0.0, 0) for key in stats})
         grad_norm, finite = optimizer_step(self.optimizer, self.scaler, self.cfg.clip_norm)
         if finite:
             self.scheduler.step()
@@ -498,13 +528,14 @@ class Trainer:
 
     def _save(self, best: bool, step_file: bool) -> None:
         """Serialise once; write step_N.pt, best.pt and last.pt atomically; prune old step files (rank 0)."""
+        interval = self.interval.state_dict(self._summed_losses(self.interval))  # every rank takes part in the sum
         if not self.runtime.is_main:
             return
         state = self.state
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        train_state = self._state_dict()
+        train_state = {**self._state_dict(), "interval": interval}
         for name, tensor in self.model.state_dict().items():
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise UserError(
@@ -559,16 +590,22 @@ class Trainer:
         state.step, state.epoch, state.batch_in_epoch = ts["step"], ts["epoch"], ts["batch_in_epoch"]
         state.best, state.bad_evals = ts["best"], ts["bad_evals"]
         state.train_seconds, state.wall_seconds = ts["train_seconds"], ts["wall_seconds"]
+        # Checkpoints written before the interval was saved have none: the next train event then averages fewer updates.
+        self.interval = _Interval.restored(ts.get("interval"), with_sums=self.runtime.is_main)
         torch.set_rng_state(ckpt["rng"]["torch"])
         random.setstate(_as_random_state(ckpt["rng"]["python"]))
         if "cuda" in ckpt["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
 
-    def _log_train(self, interval: _Interval, bar) -> None:
-        """The one host sync of an interval: read the summed losses (over all ranks) and grad norms."""
+    def _summed_losses(self, interval: _Interval) -> dict[str, tuple[float, int]]:
+        """The interval's (loss sum, count) of each key, over all ranks (a host sync)."""
         keys = sorted(interval.sums)
         flat = self.runtime.all_reduce_sum([float(interval.sums[k][i]) for k in keys for i in (0, 1)])
-        averages = {k: flat[2 * j] / max(flat[2 * j + 1], 1) for j, k in enumerate(keys)}
+        return {k: (flat[2 * j], int(flat[2 * j + 1])) for j, k in enumerate(keys)}
+
+    def _log_train(self, interval: _Interval, bar) -> None:
+        """The one host sync of an interval: read the summed losses (over all ranks) and grad norms."""
+        averages = {k: total / max(count, 1) for k, (total, count) in self._summed_losses(interval).items()}
         fields = self.task.summarize(averages)
         self.state.train_seconds += interval.seconds
         seconds = interval.seconds if interval.seconds > 0 else float("inf")
