@@ -215,6 +215,9 @@ DAMAGES = {
     "no_sep": (lambda f: (f / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n"), "not a usable WordPiece"),
     "binary": (lambda f: (f / "vocab.txt").write_bytes(bytes(range(128, 256))), "not a usable WordPiece"),
     "twice": (lambda f: (f / "vocab.txt").write_text((f / "vocab.txt").read_text() * 2), "ids go up to"),
+    # config.json that is no JSON object, as --init-from-hf words it (line and column; the type it holds)
+    "config_list": (lambda f: (f / "config.json").write_text("[1, 2]"), "holds a JSON list, not an object"),
+    "config_broken": (lambda f: (f / "config.json").write_text('{"hidden_size": 16,'), "not valid JSON (line 1"),
     # config.json: function keys refused as --init-from-hf refuses them, sizes that cannot build a BERT
     "eps": (lambda f: _set_json(f / "config.json", layer_norm_eps=1e-5), "sets layer_norm_eps to"),
     "decoder": (lambda f: _set_json(f / "config.json", is_decoder=True), "sets is_decoder to"),

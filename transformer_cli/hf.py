@@ -282,7 +282,7 @@ def load_hf_bert(folder: Path, model: BertModelConfig) -> tuple[dict[str, Tensor
     for path in (config_path, weights_path):
         if not path.is_file():
             raise UserError(f"{where}: {path.name} not found (a folder written by tcli export-hf)")
-    hf = _read_json_object(config_path)
+    hf = read_json_object(config_path)
     check_hf_config(hf, hf_config(model, 0), f"{where}: {config_path.name}")
     if not vocab_path.is_file():
         raise UserError(
@@ -384,7 +384,8 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _read_json_object(path: Path) -> dict:
+def read_json_object(path: Path) -> dict:
+    """A JSON file holding an object (a Hugging Face config.json); anything else is a one-line UserError."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:

@@ -9,7 +9,6 @@ memory), and its "vocabulary" is the starting model's tokenizer, written to the 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 import sys
@@ -230,20 +229,15 @@ def scratch_vocab(cfg: FinetuneRunConfig, data: LabelledData) -> Vocab:
 def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
     """A Hugging Face BERT folder: config.json, model.safetensors or pytorch_model.bin, and its tokenizer."""
     from transformer_cli.bert_tokenizer import tokenizer_of_hf_folder
-    from transformer_cli.hf import DROPOUT_KEYS, SIZE_KEYS, check_function_keys, check_integers
+    from transformer_cli.hf import DROPOUT_KEYS, SIZE_KEYS, check_function_keys, check_integers, read_json_object
 
     where = f"model.init {folder}"
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise UserError(f"{where}: no config.json; give a Hugging Face BERT folder (or a tcli checkpoint)")
-    try:
-        hf = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise UserError(f"{config_path}: not readable JSON ({str(e)[:120]})") from None
-    if not isinstance(hf, dict) or hf.get("model_type", "bert") != "bert":
-        raise UserError(
-            f"{config_path}: model_type {hf.get('model_type') if isinstance(hf, dict) else '?'!r} is not bert"
-        )
+    hf = read_json_object(config_path)
+    if hf.get("model_type", "bert") != "bert":
+        raise UserError(f"{config_path}: model_type {hf.get('model_type')!r} is not bert")
     check_function_keys(hf, str(config_path))  # as --init-from-hf: layer_norm_eps, is_decoder, ... of tcli's BERT
     check_integers(hf, [*SIZE_KEYS, "vocab_size"], str(config_path))  # (a missing one: "not a BERT config" below)
     if isinstance(hf.get("hidden_size"), int) and isinstance(hf.get("num_attention_heads"), int):
