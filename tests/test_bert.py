@@ -220,15 +220,32 @@ def test_wikitext_documents(tmp_path):
 
 def test_bad_corpora_get_clear_errors(tmp_path):
     with pytest.raises(UserError, match="holds no text"):
-        check_corpus([], "empty.txt")
+        check_corpus([], "empty.txt", "text", False)
     with pytest.raises(UserError, match="single document"):
-        check_corpus([[[5, 6], [7]]], "one.txt")
+        check_corpus([[[5, 6], [7]]], "one.txt", "text", False)
     with pytest.raises(UserError, match="no document has two sentences"):
-        check_corpus([[[5, 6]], [[7]]], "short.txt")
+        check_corpus([[[5, 6]], [[7]]], "short.txt", "text", False)
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"fine\n\nok\n\xff\xfe broken\n")
     with pytest.raises(UserError, match=r"bad\.txt line 4: invalid UTF-8"):
         read_documents(bad, "text", split=False)
+
+
+@pytest.mark.parametrize(
+    "docs, fmt, split, advice",
+    [
+        ([[[5], [6]]], "wikitext", False, "reads data.format: wikitext, where a ' = Title = ' line starts each"),
+        ([[[5], [6]]], "text", True, "reads data.format: text, where blank lines separate them"),
+        ([[[5]], [[6]]], "text", False, "reads one sentence per line (data.split_sentences: false)"),
+        ([[[5]], [[6]]], "wikitext", True, "splits lines into sentences (data.split_sentences: true)"),
+    ],
+)
+def test_a_checkpoints_reading_is_explained_not_changed(docs, fmt, split, advice):
+    """tcli evaluate reads a file as its checkpoint's data.format / split_sentences say, which the user cannot change
+    there: the advice says how the file is read, never to change the format."""
+    with pytest.raises(UserError) as e:
+        check_corpus(docs, "in.txt", fmt, split)
+    assert advice in str(e.value) and "use data.format" not in str(e.value) and "set data." not in str(e.value)
 
 
 def test_max_seq_len_above_max_positions_names_both_keys():

@@ -47,6 +47,21 @@ def test_evaluate_bert_equals_training_time_evaluation(bert_run, name):
     assert f"MLM loss {got['mlm_loss']:.4f}" in text.stdout and f"NSP accuracy {got['nsp_acc']:.4f}" in text.stdout
 
 
+@pytest.mark.parametrize(
+    "text, advice",
+    [
+        ("One sentence here.\nAnother one follows.\n", "the checkpoint reads data.format: text, where blank lines"),
+        ("Lonely.\n\nAlone.\n", "the checkpoint reads one sentence per line (data.split_sentences: false)"),
+    ],
+)
+def test_evaluate_explains_how_the_checkpoint_reads_a_file_it_cannot_use(bert_run, tmp_path, text, advice):
+    path = tmp_path / "in.txt"
+    path.write_text(text)
+    result = run_tcli("evaluate", "--checkpoint", str(bert_run / "checkpoints" / "best.pt"), "--input", str(path))
+    one_line_error(result, advice)
+    assert "use data.format" not in result.stderr and "set data.split_sentences" not in result.stderr
+
+
 def direct_probabilities(ckpt_path: Path, text: str) -> tuple[torch.Tensor, list[int]]:
     """Softmax of the model's MLM logits at the [MASK] positions, computed without tcli fill-mask."""
     from transformer_cli.checkpoint import read_checkpoint

@@ -160,9 +160,9 @@ def _evaluate_bert(
     else:
         path = input_path
     docs = read_documents(path, d.format, d.split_sentences)
-    check_corpus(docs, str(path))
+    check_corpus(docs, str(path), d.format, d.split_sentences)
     encoded = encode_documents(ckpt.vocabs[0], docs)
-    check_corpus(encoded, str(path))
+    check_corpus(encoded, str(path), d.format, d.split_sentences)
     instances = held_out_instances(encoded, cfg.train.seed, d.max_seq_len, d.short_seq_prob)
     metrics = bert_validation(
         model,

@@ -80,9 +80,10 @@ class Instance:
         return len(self.tokens_a) + len(self.tokens_b) + 3
 
 
-def check_corpus(docs: list[list[list[int]]], name: str, fmt: str = "text") -> None:
-    """At least two documents, one of them with two sentences; the advice depends on data.format."""
-    check_document_counts(len(docs), max(map(len, docs), default=0), name, fmt)
+def check_corpus(docs: list[list[list[int]]], name: str, fmt: str, split_sentences: bool) -> None:
+    """At least two documents, one of them with two sentences, as a checkpoint that reads its data as data.format and
+    data.split_sentences say (its advice names that reading)."""
+    check_document_counts(len(docs), max(map(len, docs), default=0), name, fmt, split_sentences)
 
 
 def make_instances(

@@ -451,20 +451,34 @@ def heading_level(text: str) -> int:
     return level if level < len(words) else 0
 
 
-def check_document_counts(documents: int, longest: int, name: str, fmt: str = "text") -> None:
-    """check_corpus from the counts: `documents` documents, the longest with `longest` sentences."""
+def check_document_counts(
+    documents: int, longest: int, name: str, fmt: str = "text", split_sentences: bool | None = None
+) -> None:
+    """check_corpus from the counts: `documents` documents, the longest with `longest` sentences. The advice is for a
+    config that can still change data.format; with `split_sentences` (a checkpoint's reading, which the user cannot
+    change) it says how that checkpoint reads a file instead."""
+    fixed = split_sentences is not None
     if not documents:
         raise UserError(f"{name} holds no text: BERT pretraining needs documents separated by blank lines")
     if documents < 2:
-        how = (
-            "no ' = Title = ' line starts a second document; plain text with blank lines between documents "
-            "needs data.format: text"
-            if fmt == "wikitext"
-            else "separate documents with a blank line, or use data.format: wikitext for WikiText files"
-        )
+        if fixed:
+            starts = "a ' = Title = ' line starts each document" if fmt == "wikitext" else "blank lines separate them"
+            how = f"the checkpoint reads data.format: {fmt}, where {starts}"
+        elif fmt == "wikitext":
+            how = (
+                "no ' = Title = ' line starts a second document; plain text with blank lines between documents "
+                "needs data.format: text"
+            )
+        else:
+            how = "separate documents with a blank line, or use data.format: wikitext for WikiText files"
         raise UserError(f"{name} holds a single document; next sentence prediction needs at least two ({how})")
     if longest < 2:
-        raise UserError(
-            f"{name}: no document has two sentences, so there is no real next sentence "
-            "(one sentence per line, or set data.split_sentences: true)"
-        )
+        if fixed:
+            how = (
+                "the checkpoint splits lines into sentences (data.split_sentences: true) and found one per document"
+                if split_sentences
+                else "the checkpoint reads one sentence per line (data.split_sentences: false)"
+            )
+        else:
+            how = "one sentence per line, or set data.split_sentences: true"
+        raise UserError(f"{name}: no document has two sentences, so there is no real next sentence ({how})")
