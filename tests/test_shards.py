@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -668,3 +669,20 @@ def test_workers_stop_when_the_parent_ignores_sigterm():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip() == "stopped", done.stderr
+
+
+def test_a_vocabulary_copied_in_by_hand_is_not_used_to_tokenise_again(tmp_path, data, preprocessed, toy_vocab):
+    """vocab.json records the sha256 of the model files it describes: a foreign joint.model (another vocab.size's)
+    copied over the folder's is trained anew when the folder is preprocessed again, not used to tokenise (the
+    manifest would have named the config's vocab.size over another vocabulary)."""
+    folder = tmp_path / "pre"
+    shutil.copytree(preprocessed, folder)
+    (folder / "vocab" / "joint.model").write_bytes(toy_vocab.model_bytes)
+    again = run_tcli("preprocess", "--config", str(tiny_config(tmp_path, data)), "--out", str(folder))
+    assert again.returncode == 0, again.stderr
+    original = (preprocessed / "vocab" / "joint.model").read_bytes()
+    assert (folder / "vocab" / "joint.model").read_bytes() == original
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["vocab_sha256"] == json.loads((preprocessed / "manifest.json").read_text())["vocab_sha256"]
+    record = json.loads((folder / "vocab" / "vocab.json").read_text())
+    assert record["files_sha256"] == {"joint.model": hashlib.sha256(original).hexdigest()}

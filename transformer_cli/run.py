@@ -542,9 +542,21 @@ def choose_vocab(root: Path, setup: TaskSetup, ckpt: Checkpoint | None, quiet: b
     paths = setup.vocab_paths(folder)
     if ckpt is not None:
         return setup.vocabs_from_checkpoint(ckpt)
-    if all(p.is_file() for p in paths) and _read_json(folder / "vocab.json") == setup.vocab_settings():
+    # A model file copied in by hand (another vocab.size's) is not the one vocab.json describes: trained anew.
+    # (A vocab.json without the files' hashes, from before they were recorded: trained anew too, to the same model.)
+    if all(p.is_file() for p in paths) and _read_json(folder / "vocab.json") == _vocab_record(setup, paths):
         return setup.load_vocabs(folder)
     return setup.train_vocabs(quiet)
+
+
+def _vocab_record(setup: TaskSetup, paths: list[Path], models: list[bytes] | None = None) -> dict[str, Any]:
+    """vocab/vocab.json: the settings a vocabulary was built from and the sha256 of each of its files (`models`, else
+    the files at `paths`)."""
+    models = models if models is not None else [p.read_bytes() for p in paths]
+    return {
+        **setup.vocab_settings(),
+        "files_sha256": {p.name: shards.sha256_bytes(m) for p, m in zip(paths, models)},
+    }
 
 
 def save_vocab(root: Path, setup: TaskSetup, vocabs: list[Any], ckpt: Checkpoint | None) -> None:
@@ -556,7 +568,8 @@ def save_vocab(root: Path, setup: TaskSetup, vocabs: list[Any], ckpt: Checkpoint
         if not path.is_file() or path.read_bytes() != vocab.model_bytes:
             write_atomic(vocab.model_bytes, path)
     if ckpt is None or not meta_path.is_file():
-        write_atomic((json.dumps(setup.vocab_settings(), indent=1, sort_keys=True) + "\n").encode(), meta_path)
+        record = _vocab_record(setup, setup.vocab_paths(folder), [v.model_bytes for v in vocabs])
+        write_atomic((json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), meta_path)
 
 
 def _read_json(path: Path) -> Any:
