@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -276,8 +277,24 @@ def test_a_hand_edited_manifest_is_refused_naming_what_is_wrong(tmp_path, prepro
     original = json.loads((preprocessed / "manifest.json").read_text())
     first = next(iter(original["splits"]))
     for edit, fragment in (
-        (lambda m: m["splits"][first]["counts"].update(pairs=-3), f"split '{first}': its files and counts"),
+        (lambda m: m["splits"][first]["counts"].update(pairs=-3), f"split '{first}': its files, counts"),
         (lambda m: m["splits"][first].pop("files"), f"split '{first}'"),
+        (lambda m: m["splits"][first].pop("tokens"), f"split '{first}': its files, counts, tokens"),
+        (lambda m: m["splits"][first].update(dropped=[0]), f"split '{first}': its files, counts, tokens and dropped"),
+        # positive but wrong: the training log would report them
+        (
+            lambda m: m["splits"][first]["counts"].update(pairs=m["splits"][first]["counts"]["pairs"] + 1),
+            f"split '{first}': it says",
+        ),
+        (
+            lambda m: m["splits"][first]["counts"].pop("pairs"),
+            f"split '{first}': it says no pairs .src side., the files hold",
+        ),
+        (
+            lambda m: m["splits"][first]["tokens"].update(tgt=7),
+            f"split '{first}': it says 7 tgt tokens, the files hold",
+        ),
+        (lambda m: m["splits"][first]["counts"].update(lines=1), f"split '{first}': its 1 lines are not its"),
         (lambda m: m.update(splits=[]), "no splits"),
         (lambda m: m.update(vocab_files="joint"), "vocab_files"),
         (lambda m: m.update(vocab_sha256={}), "vocab_sha256"),
@@ -292,6 +309,13 @@ def test_a_hand_edited_manifest_is_refused_naming_what_is_wrong(tmp_path, prepro
         shutil.rmtree(folder)
     with pytest.raises(UserError, match="has no split 'nope'"):
         read_manifest(preprocessed, "translation").split("nope")
+    # a reference file of the same size with one line more (BLEU would pair hypotheses with the wrong lines)
+    split = next(name for name, s in original["splits"].items() if f"{name}.ref" in s["files"])
+    folder = copy_folder(preprocessed, tmp_path / "edited")
+    ref = folder / f"{split}.ref"
+    ref.write_bytes(ref.read_bytes().replace(b" ", b"\n", 1))
+    with pytest.raises(UserError, match=f"split '{split}': it says {original['splits'][split]['counts']['pairs']} ref"):
+        read_manifest(folder, "translation")
 
 
 def test_damaged_preprocessed_folders_are_one_line_errors(tmp_path, data, preprocessed):
@@ -686,3 +710,20 @@ def test_a_vocabulary_copied_in_by_hand_is_not_used_to_tokenise_again(tmp_path, 
     assert manifest["vocab_sha256"] == json.loads((preprocessed / "manifest.json").read_text())["vocab_sha256"]
     record = json.loads((folder / "vocab" / "vocab.json").read_text())
     assert record["files_sha256"] == {"joint.model": hashlib.sha256(original).hexdigest()}
+
+
+def test_a_bert_manifest_whose_counts_differ_from_its_files_is_damage():
+    """BERT's counts (sentences, documents) and tokens are what its arrays hold; the training log reports them."""
+    from transformer_cli.datasets.shards import _count_damage
+
+    held = {"rows text": 10, "tokens text": 40, "documents": 3}
+    split = {"counts": {"lines": 12, "documents": 3, "sentences": 10}, "tokens": {"text": 40}}
+    assert _count_damage(split, held) is None
+    for key, value, fragment in (
+        ("counts", {"lines": 12, "documents": 4, "sentences": 10}, "it says 4 documents, the files hold 3"),
+        ("counts", {"lines": 12, "documents": 3, "sentences": 9}, r"it says 9 sentences \(text side\)"),
+        ("counts", {"lines": 12, "documents": 3}, "it says no sentences"),
+        ("tokens", {"text": 41}, "it says 41 text tokens, the files hold 40"),
+        ("tokens", {}, "it says no text tokens"),
+    ):
+        assert re.search(fragment, _count_damage({**split, key: value}, held) or ""), (key, value)

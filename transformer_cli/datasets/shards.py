@@ -263,8 +263,14 @@ def _structure_damage(data: dict[str, Any]) -> str | None:
     if not isinstance(splits, dict) or not splits:
         return "no splits"
     for name, split in splits.items():
-        if not (isinstance(split, dict) and counts(split.get("files")) and counts(split.get("counts"))):
-            return f"split {quote(name, 40)}: its files and counts must be names with sizes of 0 or more"
+        if not (
+            isinstance(split, dict)
+            and all(counts(split.get(key)) for key in ("files", "counts", "tokens"))
+            and counts(split.get("dropped", {}))
+        ):
+            return (
+                f"split {quote(name, 40)}: its files, counts, tokens and dropped must be names with sizes of 0 or more"
+            )
     if not (isinstance(files, list) and files and all(isinstance(f, str) for f in files)):
         return "vocab_files"
     hashes = data.get("vocab_sha256")
@@ -284,16 +290,59 @@ def check_contents(manifest: Manifest) -> None:
     before anything is written or trained (and `tcli preprocess` redoes such a folder)."""
     folder, data = manifest.folder, manifest.data
     sizes = {name: _vocab_size(path) for name, path in zip(data["vocab_files"], manifest.vocab_paths())}
-    for split in data["splits"].values():
+    for split_name, split in data["splits"].items():
+        held: dict[str, int] = {}  # what the files hold: rows and tokens per side, documents, reference lines
         for name in split["files"]:
             if name.endswith(".bin"):
                 stem = name[: -len(".bin")]
                 side = stem.rsplit(".", 1)[-1]
                 limit = sizes.get(side, max(sizes.values()) if len(sizes) == 1 else min(sizes.values()))
-                _check_array(folder, stem, manifest.dtype, limit)
+                held[f"rows {side}"], held[f"tokens {side}"] = _check_array(folder, stem, manifest.dtype, limit)
             elif name.endswith(".docs"):
                 sentences = len(TokenArray(folder, name[: -len(".docs")] + ".text", manifest.dtype))
-                _check_docs(folder / name, sentences)
+                held["documents"] = _check_docs(folder / name, sentences)
+            elif name.endswith(".ref"):
+                held["references"] = _count_lines(folder / name)
+        damage = _count_damage(split, held)
+        if damage:  # the log would report it, and a reference file out of step would misalign BLEU
+            raise UserError(
+                f"{folder / MANIFEST} is damaged (split {quote(split_name, 40)}: {damage}); run tcli preprocess again"
+            )
+
+
+def _count_damage(split: dict[str, Any], held: dict[str, int]) -> str | None:
+    """Where a split's counts and tokens in the manifest differ from what its files hold (`held`), or None.
+    Translation: `pairs` rows on each side and `lines` = pairs + dropped; BERT: `sentences` rows and
+    `documents`; both: tokens per side, and one reference line per row."""
+    counts, tokens = split["counts"], split["tokens"]
+    rows = "pairs" if "rows src" in held else "sentences"
+    for key, have in held.items():
+        kind, _, side = key.partition(" ")
+        if kind == "rows":
+            what, said = f"{rows} ({side} side)", counts.get(rows)
+        elif kind == "tokens":
+            what, said = f"{side} tokens", tokens.get(side)
+        elif kind == "documents":
+            what, said = "documents", counts.get("documents")
+        else:
+            what, said = "reference lines", counts.get(rows)
+        if said != have:
+            return f"it says {'no' if said is None else said} {what}, the files hold {have}"
+    dropped = split.get("dropped")
+    if dropped and counts.get("lines") != counts.get(rows, 0) + sum(dropped.values()):
+        return (
+            f"its {counts.get('lines')} lines are not its {counts.get(rows)} {rows} and {sum(dropped.values())} dropped"
+        )
+    return None
+
+
+def _count_lines(path: Path) -> int:
+    """Newlines in a file, read a block at a time (every line tcli writes ends with one)."""
+    lines = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            lines += block.count(b"\n")
+    return lines
 
 
 def _vocab_size(path: Path) -> int:
@@ -312,7 +361,8 @@ def _vocab_size(path: Path) -> int:
     return size
 
 
-def _check_array(folder: Path, stem: str, dtype: np.dtype, vocab_size: int) -> None:
+def _check_array(folder: Path, stem: str, dtype: np.dtype, vocab_size: int) -> tuple[int, int]:
+    """The array's rows and tokens, once its offsets are in order and its ids inside the vocabulary."""
     array = TokenArray(folder, stem, dtype)  # the index's first and last offsets
     try:
         offsets, tokens = array.offsets, array.tokens
@@ -329,12 +379,14 @@ def _check_array(folder: Path, stem: str, dtype: np.dtype, vocab_size: int) -> N
                     f"{array.path} holds token id {bad}, outside its vocabulary of {vocab_size} pieces "
                     "(damaged or written with another vocabulary); preprocess again"
                 )
+        return len(array), len(tokens)
     finally:
         array.release()
         array.close()
 
 
-def _check_docs(path: Path, sentences: int) -> None:
+def _check_docs(path: Path, sentences: int) -> int:
+    """The number of documents, once their starts are in order and next sentence prediction can use them."""
     docs = _map(path, np.dtype("<i8"))
     if len(docs) < 2 or docs[0] != 0 or docs[-1] != sentences or bool((np.diff(docs) <= 0).any()):
         raise UserError(
@@ -346,6 +398,7 @@ def _check_docs(path: Path, sentences: int) -> None:
             f"{path}: {len(docs) - 1} document(s), the longest of {longest} sentence(s); next "
             "sentence prediction needs two documents, one of them of two sentences or more; preprocess again"
         )
+    return len(docs) - 1
 
 
 # ----------------------------------------------------------------------------- writing
