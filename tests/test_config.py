@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from transformer_cli.config import TranslationRunConfig, dump_config, load_config, parse_overrides
+from transformer_cli.config import TranslationRunConfig, dump_config, load_config, parse_overrides, yaml_load
 from transformer_cli.errors import UserError
 
 from .conftest import ROOT
@@ -99,6 +99,23 @@ def test_bad_values_name_key_and_file(tmp_path, text, overrides, expected):
         load_config(TranslationRunConfig, path, overrides)
     assert str(path) in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("written", ["010", "0x18", "0o17", "2_4", "1:30", "1_0.5", "1:30.5"])
+def test_yaml_1_1_number_forms_are_text_not_silently_other_numbers(tmp_path, written):
+    """`layers: 010` was 8 (octal), 0x18 and 2_4 were 24, 1:30 was 90 (base 60): a number key refuses them,
+    in the file and in --set, and a split name keeps them as written."""
+    assert yaml_load(written) == written
+    path = write(tmp_path, f"train: {{max_steps: {written}}}\n")
+    with pytest.raises(UserError, match=r"train\.max_steps: write a decimal number") as err:
+        load_config(TranslationRunConfig, path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UserError, match=r"model\.dropout: write a decimal number"):
+        load_config(TranslationRunConfig, None, ["train.max_steps=5", f"model.dropout={written}"])
+    cfg = load_config(TranslationRunConfig, None, ["train.max_steps=5", f"data.valid={written}"])
+    assert cfg.data.valid == written
+    for plain, value in (("10", 10), ("-3", -3), ("1e-4", 1e-4), ("3.", 3.0), (".5", 0.5), ("01.5", 1.5)):
+        assert yaml_load(plain) == value and type(yaml_load(plain)) is type(value)
 
 
 @pytest.mark.parametrize(
@@ -260,7 +277,7 @@ def test_a_quoted_number_is_refused_for_every_numeric_key(kind):
         if not _takes_a_number(schema.model_fields[section].annotation.model_fields[key].annotation, but_not=str):
             continue
         for value in ('["0.9", 0.98]',) if key == "adam_betas" else ('"3"', "'1e-3'"):
-            with pytest.raises(UserError, match=rf"{section}\.{key}: write a number without quotes") as err:
+            with pytest.raises(UserError, match=rf"{section}\.{key}: write a decimal number without quotes") as err:
                 ends = [] if (section, key) == ("train", "max_steps") else ["train.max_steps=3"]
                 load_config(schema, None, [*ends, f"{section}.{key}={value}"])
             assert "\n" not in str(err.value)

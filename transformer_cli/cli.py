@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,16 @@ class OptionsOnce(TyperCommand):
             seen.add(param.name)
         options = [param for param in self.params if param.param_type_name == "option"]
         given = [(param.opts[0], values.get(param.name)) for param in options]
+        for param in options:  # Python's int() reads 3_0 as 30 and " 5" or "٥" as 5: a number is written plainly
+            raw = values.get(param.name)
+            if getattr(param, "type_descriptor", None) is None or not isinstance(raw, str):
+                continue
+            if param.type_descriptor.annotation in (int, float):
+                if not re.fullmatch(
+                    r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:inf|nan)", raw, re.I
+                ):
+                    like = "an integer, like 30" if param.type_descriptor.annotation is int else "a number, like 0.6"
+                    raise UserError(f"{param.opts[0]} {raw!r}: write {like}, in decimal digits")
         files = {param.opts[0] for param in options if param.metavar == "FILE"}  # a file to write: it may be new
         for option, raw in [*given, ("argument", extra)]:
             for value in raw if isinstance(raw, list | tuple) else [raw]:

@@ -96,15 +96,22 @@ _Loader.yaml_implicit_resolvers = {
         (tag, regexp)
         for tag, regexp in resolvers
         if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")
+        and tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
     ]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
+# Numbers as written in decimal: YAML 1.1's octal (010 is 8), hex (0x18), digit groups (2_4 is 24) and base 60
+# (1:30 is 90) stay text, which a number key refuses and a split name keeps as written.
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*(?:[eE][-+]?[0-9]+)|\.[0-9_]+(?:[eE][-+]?[0-9]+)?)$"),
+    re.compile(
+        r"^[-+]?(?:(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)$"
+        r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"
+    ),
     list("-+0123456789."),
 )
 
@@ -131,7 +138,9 @@ class Section(BaseModel):
             raise PydanticCustomError("bool_for_number", "write a number, not true or false")
         # "3" in quotes is text: pydantic's lax mode would read it as 3 where a number goes, unlike YAML itself
         if any(isinstance(item, str) and _numeric(item) for item in items) and _takes_a_number(annotation, but_not=str):
-            raise PydanticCustomError("text_for_number", "write a number without quotes")
+            raise PydanticCustomError(
+                "text_for_number", "write a decimal number without quotes (010, 0x18, 2_4 and 1:30 are text)"
+            )
         return value
 
     def check(self) -> None:
@@ -139,10 +148,11 @@ class Section(BaseModel):
 
 
 def _numeric(text: str) -> bool:
+    """Whether `text` reads as a number in Python or in YAML 1.1 (0x18, 0o17, 1:30)."""
     try:
         float(text)
     except ValueError:
-        return False
+        return bool(re.fullmatch(r"[-+]?(?:0[xob][0-9a-fA-F_]+|[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?)", text))
     return True
 
 
