@@ -384,6 +384,38 @@ def test_plot_writes_exactly_the_file_it_names(world, tmp_path, name):
     assert [p.name for p in tmp_path.iterdir()] == [name]
 
 
+@pytest.mark.parametrize(
+    "name, content",
+    [("ckcopy", "checkpoint"), ("c.png", b"notes\n"), (".lock", b""), ("c.svg", b"\x89PNG\r\n\x1a\n"), ("c.pdf", b"x")],
+)
+def test_plot_replaces_only_an_image_of_its_format(world, tmp_path, name, content):
+    """`--out ckcopy` (a checkpoint copied under a name without an extension) was replaced by a PNG, exit 0: plot
+    replaces a file only where it holds an image of the format it writes (its own earlier plot)."""
+    pytest.importorskip("matplotlib")
+    target = tmp_path / name
+    target.write_bytes(
+        Path(world["bert_run"], "checkpoints", "last.pt").read_bytes() if content == "checkpoint" else content
+    )
+    before = target.read_bytes()
+    one_line_error(*tcli("plot", world["bert_run"], "--out", target))
+    assert target.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [name]
+    again = target.with_suffix(".png") if name == "c.svg" else tmp_path / "plot.png"
+    for _ in range(2):  # its own image, replaced
+        code, err = tcli("plot", world["bert_run"], "--out", again)
+        assert code == 0 and again.read_bytes()[:4] == b"\x89PNG", err
+
+
+def test_plot_to_pgf_without_tex_is_one_line(world, tmp_path, monkeypatch):
+    """matplotlib draws .pgf through xelatex: without it, a traceback after the drawing had begun."""
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda *_: None)
+    code, err = tcli("plot", world["bert_run"], "--out", tmp_path / "c.pgf")
+    one_line_error(code, err)
+    assert "xelatex, which is not installed" in err and list(tmp_path.iterdir()) == []
+
+
 def test_plot_of_a_run_whose_name_holds_a_control_character_warns_of_nothing(world, tmp_path):
     """The title is the run folder's name: a tab in it was a missing glyph, and matplotlib's warning on stderr."""
     pytest.importorskip("matplotlib")

@@ -46,7 +46,54 @@ def image_format(path: Path, option: str) -> str:
             f"{option} {path}: matplotlib cannot write .{fmt} files; use one of "
             f"{', '.join('.' + f for f in sorted(supported))} (or no extension for PNG)"
         )
+    if fmt == "pgf":  # drawn through a TeX program; without one, matplotlib fails after the drawing has begun
+        import shutil
+
+        from matplotlib import rcParams
+
+        if shutil.which(rcParams["pgf.texsystem"]) is None:
+            raise UserError(
+                f"{option} {path}: .pgf is drawn with {rcParams['pgf.texsystem']}, which is not installed; "
+                "install TeX, or use .pdf, .svg or .png"
+            )
     return fmt
+
+
+# How each image format's files begin (offset, bytes): a file there that begins otherwise is not an earlier image
+# of ours (a checkpoint, a run's .lock, a text) and is not replaced. raw and rgba have no header.
+SIGNATURES = {
+    "png": [(0, b"\x89PNG\r\n\x1a\n")],
+    "pdf": [(0, b"%PDF")],
+    "svg": [(0, b"<?xml"), (0, b"<svg")],
+    "svgz": [(0, b"\x1f\x8b")],
+    "eps": [(0, b"%!PS"), (0, b"\xc5\xd0\xd3\xc6")],
+    "ps": [(0, b"%!PS")],
+    "jpg": [(0, b"\xff\xd8\xff")],
+    "jpeg": [(0, b"\xff\xd8\xff")],
+    "tif": [(0, b"II*\x00"), (0, b"MM\x00*")],
+    "tiff": [(0, b"II*\x00"), (0, b"MM\x00*")],
+    "gif": [(0, b"GIF8")],
+    "webp": [(8, b"WEBP")],
+    "avif": [(4, b"ftyp")],
+    "pgf": [(0, b"%%")],
+}
+
+
+def check_image_replaceable(path: Path, fmt: str, option: str) -> None:
+    """A one-line error, before drawing, when `path` holds a file that is not an image of `fmt` (a checkpoint
+    copied to a name without an extension): plot and --attention replace only their own earlier images."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(f"{option} {path}: cannot read the file there ({e.strerror or e}); give another path") from None
+    if fmt in SIGNATURES and not any(head[at : at + len(sig)] == sig for at, sig in SIGNATURES[fmt]):
+        raise UserError(
+            f"{option} {path} exists and is not a .{fmt} image: writing the plot would replace it; give a new "
+            "file name, or delete that file first"
+        )
 
 
 def save_figure(fig: Any, path: Path, dpi: float) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from transformer_cli import task_metrics
-from transformer_cli.attention_plot import image_format, printable, save_figure
+from transformer_cli.attention_plot import check_image_replaceable, image_format, printable, save_figure
 from transformer_cli.errors import UserError, finite_number
 from transformer_cli.files import check_replaceable
 from transformer_cli.metrics_file import read_metrics
@@ -108,7 +108,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     if str(out) == "-" or out.is_dir() or not out.parent.is_dir():
         raise UserError(f"--out {out}: give a file in an existing folder")
     check_replaceable(out)  # before drawing, not after
-    image_format(out, "--out")
+    check_image_replaceable(out, image_format(out, "--out"), "--out")
     events = read_events(run_dir)
     known_steps, known_seconds = wall_clock(events)
     rows = _rows(events)
