@@ -123,6 +123,15 @@ def test_new_run_never_overwrites_checkpoints_or_user_files(tmp_path, finished_r
     one_line_error(train(cfg, copy), "already holds a run", "best.pt")  # best.pt without last.pt
     one_line_error(train(cfg, copy, "--resume", "auto"), "no last.pt")
     assert snapshot(copy) == before
+    # no checkpoint left at all (checkpoints/ emptied or deleted): starting over would rewrite metrics.jsonl and tb/
+    for path in (copy / "checkpoints").iterdir():
+        path.unlink()
+    before = snapshot(copy)
+    for args in (["--resume", "auto"], []):
+        one_line_error(train(cfg, copy, *args), "run.json says last.pt was written", "holds no checkpoint")
+    (copy / "checkpoints").rmdir()
+    one_line_error(train(cfg, copy, "--resume", "auto"), "holds no checkpoint")
+    assert snapshot(copy) == before
 
     mine = tmp_path / "mine"
     mine.mkdir()

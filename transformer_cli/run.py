@@ -170,6 +170,11 @@ class RunDirectory:
         marker = self._marker()
         return marker is not None and marker.get("checkpointed") is False
 
+    def was_checkpointed(self) -> bool:
+        """Whether run.json says a last.pt was written (its logs belong to checkpoints, wherever they are now)."""
+        marker = self._marker()
+        return marker is not None and marker.get("checkpointed") is True
+
     def finished_step(self) -> int | None:
         """The step at which this run's end was logged (test scores, end event), or None."""
         marker = self._marker() or {}
@@ -499,6 +504,11 @@ def run_training(
 def _checkpoint_to_resume(directory: RunDirectory, resume: bool, quiet: bool) -> Checkpoint | None:
     last = directory.ckpt_dir / "last.pt"
     saved = directory.checkpoints()
+    if not saved and directory.was_checkpointed():  # starting over would rewrite metrics.jsonl and tb/
+        raise UserError(
+            f"{directory.path}: its run.json says last.pt was written, but {directory.ckpt_dir} holds no checkpoint "
+            "(moved or deleted?); put the checkpoints back to resume, or choose another --out"
+        )
     if not resume:
         if saved:
             names = ", ".join(p.name for p in saved[:3])
