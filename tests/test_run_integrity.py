@@ -667,3 +667,21 @@ def test_an_empty_vocabulary_file_is_one_line_without_sentencepiece_logs(tmp_pat
         with pytest.raises(UserError, match="the file is empty, not a sentencepiece model"):
             load(empty)
     assert capfd.readouterr().err == ""
+
+
+def test_a_run_refused_once_its_data_are_tokenised_leaves_its_folder_as_it_found_it(tmp_path, data):
+    """`data.max_len: 1` is found to leave no pairs only when the data are tokenised, after run.json, config.yaml
+    and vocab/ were written: a folder the run made goes again, and one it found empty is empty again (the
+    second attempt, with a fixed config, trains)."""
+    cfg = config(tmp_path, data)
+    for out, existed in ((tmp_path / "new", False), (tmp_path / "empty", True)):
+        if existed:
+            out.mkdir()
+        one_line_error(train(cfg, out, "--set", "data.max_len=1"), "no sentence pairs left", "data.max_len")
+        assert (sorted(p.name for p in out.iterdir()) == [".lock"]) if existed else not out.exists()
+    assert train(cfg, tmp_path / "new", "--set", "train.max_steps=1").returncode == 0
+    many = tmp_path / "kept"  # a run folder with a checkpoint is not a folder the refused run made: kept
+    shutil.copytree(tmp_path / "new", many)
+    before = snapshot(many)
+    one_line_error(train(cfg, many, "--resume", "auto", "--set", "data.max_len=1"), "data.max_len")
+    assert snapshot(many) == before

@@ -252,7 +252,8 @@ def test_resume_tokenises_nothing_and_changed_text_is_preprocessed_again(tmp_pat
     # hashes differ).
     fresh = tmp_path / "fresh"
     (fresh / "data").mkdir(parents=True)
-    (fresh / "run.json").write_bytes((run / "run.json").read_bytes())
+    marker = {**json.loads((run / "run.json").read_text()), "status": "running", "checkpointed": False}
+    (fresh / "run.json").write_text(json.dumps(marker))  # as a run killed before its first save left it
     for path in (run / "data").iterdir():
         if path.is_file():
             (fresh / "data" / path.name).write_bytes(path.read_bytes())
@@ -727,3 +728,17 @@ def test_a_bert_manifest_whose_counts_differ_from_its_files_is_damage():
         ("tokens", {}, "it says no text tokens"),
     ):
         assert re.search(fragment, _count_damage({**split, key: value}, held) or ""), (key, value)
+
+
+def test_a_refused_preprocessing_leaves_a_new_or_empty_folder_as_it_found_it(tmp_path, data):
+    """A vocab.size the text cannot fill, or no pairs left under data.max_len, is found after the lock (and the
+    vocabulary) were written: the folder is removed again, or emptied again."""
+    config = str(tiny_config(tmp_path, data))
+    for setting, fragment in (("vocab.size=16", "vocab.size 16 is too small"), ("data.max_len=1", "no sentence pairs")):
+        new, empty = tmp_path / "new", tmp_path / "empty"
+        empty.mkdir(exist_ok=True)
+        for out in (new, empty):
+            one_line_error(
+                run_tcli("preprocess", "-q", "--config", config, "--out", str(out), "--set", setting), fragment
+            )
+        assert not new.exists() and [p.name for p in empty.iterdir() if p.name != ".lock"] == []

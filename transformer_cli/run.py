@@ -75,6 +75,7 @@ class RunDirectory:
         self.ckpt_dir = self.path / "checkpoints"
         self._lock_fd: int | None = None
         self._created = False  # this process made the directory: a refused run removes it again
+        self._was_empty = False  # ... or found it empty (but for a lock file): a refused run empties it again
         self.started = False
         self._before: dict[str, bytes | None] = {}  # run.json and config.yaml as start() found them
         self.checkpointed = False  # a last.pt has been written (run.json says so from then on)
@@ -84,6 +85,7 @@ class RunDirectory:
     def acquire(self) -> None:
         self._guard()
         self._created = not self.path.exists()
+        self._was_empty = self._created or not {p.name for p in self.path.iterdir()} - {LOCK}
         advice = "wait for it to end or choose another --out"
         self._lock_fd = lock_directory(self.path, "the run directory", "run", advice)
 
@@ -195,6 +197,14 @@ class RunDirectory:
         self._write_marker("running")
         write_atomic(dump_config(cfg).encode("utf-8"), self.path / "config.yaml")
 
+    def abandon(self) -> None:
+        """A new run refused after `start` (no sentence pairs left once the data are tokenised): a directory this
+        process made, or found empty, is left as it was, whatever the run wrote there (config, vocabulary, data);
+        `release` removes the lock of a directory it made."""
+        if self._was_empty and self.started and not self.checkpointed:
+            _empty_but_the_lock(self.path)
+            self.started = False
+
     def undo_start(self) -> None:
         """A resume refused after `start` (a training state that does not load, found only when the trainer takes
         it): run.json and config.yaml go back to what they were, and the lock file with them (`release`)."""
@@ -247,6 +257,13 @@ def _bytes_or_none(path: Path) -> bytes | None:
         return path.read_bytes()
     except OSError:
         return None
+
+
+def _empty_but_the_lock(folder: Path) -> None:
+    """Remove what a refused command wrote in a folder it had found new or empty, keeping the lock it holds."""
+    for entry in folder.iterdir():
+        if entry.name != LOCK:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def unlock_directory(fd: int, wrote: bool) -> None:
@@ -475,23 +492,29 @@ def run_training(
             if ckpt is None:  # a resume's vocabulary (the checkpoint's) was checked against data.preprocessed above
                 _check_preprocessed_vocab(setup, vocabs)
             directory.start(cfg, fresh=ckpt is None)
-            say(quiet, f"run directory {run_dir}; {runtime.describe()}")
-            save_vocab(directory.path, setup, vocabs, ckpt)
-            data = prepare_data(data_folder, setup, vocabs, quiet) if setup.has_shards else None
-        runtime.barrier(patient=True)  # the other ranks wait while rank 0 trains the vocabulary and tokenises
-        if not runtime.is_main:  # the other ranks map the same files: the page cache holds one copy
-            vocabs = setup.load_vocabs(directory.path / "vocab")
-            data = (setup.preprocessed() or read_manifest(data_folder, setup.kind)) if setup.has_shards else None
-        task = setup.make_task(vocabs, data, runtime, quiet)
-        trainer = Trainer(task, setup.train_config(task), run_dir, runtime, quiet)
-        trainer.on_saved = directory.saved
-        if ckpt is not None:
-            try:
-                trainer.restore(ckpt)
-            except UserError:
-                if runtime.is_main:
-                    directory.undo_start()
-                raise
+        try:  # what the data or the model refuse once tokenised: a directory made for this run goes again
+            if runtime.is_main:
+                say(quiet, f"run directory {run_dir}; {runtime.describe()}")
+                save_vocab(directory.path, setup, vocabs, ckpt)
+                data = prepare_data(data_folder, setup, vocabs, quiet) if setup.has_shards else None
+            runtime.barrier(patient=True)  # the other ranks wait while rank 0 trains the vocabulary and tokenises
+            if not runtime.is_main:  # the other ranks map the same files: the page cache holds one copy
+                vocabs = setup.load_vocabs(directory.path / "vocab")
+                data = (setup.preprocessed() or read_manifest(data_folder, setup.kind)) if setup.has_shards else None
+            task = setup.make_task(vocabs, data, runtime, quiet)
+            trainer = Trainer(task, setup.train_config(task), run_dir, runtime, quiet)
+            trainer.on_saved = directory.saved
+            if ckpt is not None:
+                try:
+                    trainer.restore(ckpt)
+                except UserError:
+                    if runtime.is_main:
+                        directory.undo_start()
+                    raise
+        except UserError:
+            if runtime.is_main:
+                directory.abandon()
+            raise
         end = trainer.run(finished=finished)
         if runtime.is_main:
             directory.finish(end["step"])
@@ -749,6 +772,8 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
             "files; remove the key"
         )
     setup.read_data()
+    created = not out.exists()
+    was_empty = created or not {p.name for p in out.iterdir()} - {LOCK}
     fd = lock_directory(out, "the folder", "command", "wait for it to end")
     wrote = False
     try:
@@ -784,5 +809,16 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
         _clear_preprocessing(out, setup.vocab_files(), keep_vocab=other in (None, setup.kind))
         vocabs = prepare_vocab(out, setup, None, quiet)
         return write_preprocessed(out, setup, vocabs, _expected_manifest(setup, vocabs), quiet)
+    except UserError:  # refused (a vocab.size the text cannot fill, no pairs left): a folder new or empty stays so
+        if was_empty:
+            _empty_but_the_lock(out)
+            wrote = False
+        raise
     finally:
         unlock_directory(fd, wrote)
+        if created and not wrote:
+            (out / LOCK).unlink(missing_ok=True)
+            try:
+                out.rmdir()
+            except OSError:
+                pass
