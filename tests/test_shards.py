@@ -742,3 +742,27 @@ def test_a_refused_preprocessing_leaves_a_new_or_empty_folder_as_it_found_it(tmp
                 run_tcli("preprocess", "-q", "--config", config, "--out", str(out), "--set", setting), fragment
             )
         assert not new.exists() and [p.name for p in empty.iterdir() if p.name != ".lock"] == []
+
+
+def test_held_out_text_that_is_the_training_text_under_another_name_is_refused(tmp_path, data):
+    """Split names that differ but files that hold the training text (a copy, a link): the scores would be of
+    text the model trains on. Refused while the files are read, before a folder is made."""
+    copy = tmp_path / "copy"
+    shutil.copytree(data, copy)
+    for side in ("src", "tgt"):
+        (copy / f"dup.{side}").symlink_to(copy / f"train.{side}")
+    config = str(tiny_config(tmp_path, copy))
+    for key in ("valid", "test"):
+        out = tmp_path / f"out_{key}"
+        result = run_tcli("preprocess", "-q", "--config", config, "--out", str(out), "--set", f"data.{key}=dup")
+        one_line_error(result, f"data.{key} 'dup' holds the same text as data.train 'train'")
+        assert not out.exists()
+    text = tmp_path / "bert"
+    shutil.copytree(BERT_TOY, text)
+    shutil.copy(text / "train.txt", text / "again.txt")
+    bert = tmp_path / "bert.yaml"
+    bert.write_text(f"data: {{dir: {text}, train: train.txt, valid: again.txt, format: text}}\ntrain: {{max_steps: 1}}\n")
+    result = run_tcli("preprocess", "-q", "--config", str(bert), "--out", str(tmp_path / "b"))
+    one_line_error(result, "data.valid", "again.txt holds the same text as data.train")
+    bert.write_text(f"data: {{dir: {text}, train: train.txt, valid: train.txt, format: text}}\ntrain: {{max_steps: 1}}\n")
+    one_line_error(run_tcli("preprocess", "--config", str(bert), "--out", str(tmp_path / "b")), "are both 'train.txt'")

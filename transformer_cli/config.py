@@ -248,7 +248,9 @@ class TranslationDataConfig(Section):
     src_lang: str = Field("src", min_length=1, description="source file suffix, e.g. en")
     tgt_lang: str = Field("tgt", min_length=1, description="target file suffix, e.g. de")
     train: str = Field("train", min_length=1, description="training split name")
-    valid: str = Field("val", min_length=1, description="validation split name")
+    valid: str = Field(
+        "val", min_length=1, description="validation split name (not the training split, nor files holding its text)"
+    )
     test: str | None = Field(
         "test", min_length=1, description="test split name, scored at the end of training (null: none)"
     )
@@ -539,7 +541,9 @@ class BertDataConfig(Section):
 
     dir: str = Field("data/bert_toy", description="folder with the text files")
     train: str = Field("train.txt", min_length=1, description="training text file under dir")
-    valid: str = Field("valid.txt", min_length=1, description="held-out text file under dir")
+    valid: str = Field(
+        "valid.txt", min_length=1, description="held-out text file under dir (not data.train, nor a copy of it)"
+    )
     format: Literal["text", "wikitext"] = Field(
         "text", description="text: blank lines separate documents; wikitext: '= Title =' lines start documents"
     )
@@ -595,6 +599,11 @@ class BertRunConfig(Section):
         m, d = self.model, self.data
         if not self.vocab.joint:
             raise ValueError("vocab.joint is for translation (one vocabulary for both languages); remove it here")
+        if d.valid == d.train:
+            raise ValueError(
+                f"data.train and data.valid are both {d.train!r}: a run validates on text it does not train on; "
+                "name held-out text as data.valid"
+            )
         if m.d_model % m.heads:
             raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
         if d.max_seq_len > m.max_positions:

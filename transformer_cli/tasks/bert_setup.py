@@ -80,6 +80,12 @@ class BertSetup(SetupBase):
             check_bert_vocab(self.given_vocab, f"vocab.model {self.cfg.vocab.model}")
         if self.preprocessed() is None:
             self._indexes = {name: index_lines(path, BLOCK_LINES) for name, path in self.paths.items()}
+            train, valid = self._indexes["train"], self._indexes["valid"]
+            if train.sha256 == valid.sha256:  # under another name too (a copy, a link)
+                raise UserError(
+                    f"data.valid {valid.path} holds the same text as data.train {train.path}: the validation "
+                    "scores would be of text the model trains on; give held-out text as data.valid"
+                )
             for path in self.paths.values():
                 documents, longest = document_counts(path, self.cfg.data)
                 check_document_counts(documents, longest, str(path), self.cfg.data.format)

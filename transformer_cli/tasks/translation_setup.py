@@ -20,6 +20,7 @@ from transformer_cli.datasets.translation import (
     preprocess_parallel,
     split_paths,
 )
+from transformer_cli.errors import UserError
 from transformer_cli.run import SetupBase, run_training, vocab_settings
 from transformer_cli.vocab import Vocab, check_translation_vocab, load_model_file, train_vocab
 
@@ -73,6 +74,14 @@ class TranslationSetup(SetupBase):
             for split in self.split_files()
         }
         self._fingerprint = train.hexdigest()
+        d = self.cfg.data
+        hashes = {name: tuple(index.sha256 for index in pair) for name, pair in self._indexes.items()}
+        for key, name in (("valid", d.valid), ("test", d.test)):  # held-out text under another name (a copy, a link)
+            if name is not None and hashes[name] == hashes[d.train]:
+                raise UserError(
+                    f"data.{key} {name!r} holds the same text as data.train {d.train!r} (the files under {d.dir}): "
+                    "a run validates and tests on text it does not train on; name another split"
+                )
         self._read = {i.path: {"size": i.size, "sha256": i.sha256} for pair in self._indexes.values() for i in pair}
 
     def data_settings(self) -> dict[str, Any]:
