@@ -563,12 +563,17 @@ def test_evaluate_refuses_a_reference_it_would_ignore(world, tmp_path):
         ({"hidden_size": None}, "None (NoneType)"),
         ({"model_type": "gpt2", "n_embd": 16}, "'gpt2'"),
         ({"layer_norm_eps": "1e-12"}, "layer_norm_eps"),
+        ({"vocab_size": "its own, as a float"}, "vocab_size is"),  # 400.0 == 400: it was accepted
+        ({"vocab_size": True}, "vocab_size is True (bool)"),
     ],
 )
 def test_init_from_hf_config_messages_name_the_key_and_the_value(world, tmp_path, change, expected):
     folder = tmp_path / "hf"
     shutil.copytree(world["hf"], folder)
     config = json.loads((folder / "config.json").read_text())
+    if change.get("vocab_size") == "its own, as a float":
+        change = {"vocab_size": float(config["vocab_size"])}
+        expected = f"vocab_size is {change['vocab_size']} (float); it must be an integer"
     if change.get("model_type") == "gpt2":
         config = {k: v for k, v in config.items() if k not in ("hidden_size", "num_hidden_layers")}
     (folder / "config.json").write_text(json.dumps({**config, **change}))

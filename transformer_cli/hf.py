@@ -292,7 +292,8 @@ def load_hf_bert(folder: Path, model: BertModelConfig) -> tuple[dict[str, Tensor
     vocab = Vocab.load(vocab_path)
     check_bert_vocab(vocab, str(vocab_path))
     vocab_size = hf.get("vocab_size")
-    if vocab_size != len(vocab) or isinstance(vocab_size, bool):
+    check_integers(hf, ["vocab_size"], f"{where}: config.json")  # 400.0 equals 400, but is not a size
+    if vocab_size != len(vocab):
         raise UserError(
             f"{where}: config.json vocab_size {quote(vocab_size, 60)} does not match its spiece.model "
             f"({len(vocab)} pieces)"
