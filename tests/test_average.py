@@ -95,6 +95,11 @@ def test_average_of_two_is_the_elementwise_mean_and_reads_like_any_checkpoint(tm
     code, err = tcli("average", "--checkpoints", str(a), str(b), "--out", str(out))
     assert code == 2 and "exists; pass --force" in err
     assert tcli("average", "--checkpoints", str(a), str(b), "--out", str(out), "--force")[0] == 0
+    # an average as an input would weigh its own checkpoints as one (and its step was printed as None)
+    for order in ([out, a], [a, out]):
+        code, err = tcli("average", "--checkpoints", *map(str, order), "--out", str(tmp_path / "again.pt"))
+        assert code == 2 and f"{out} is itself an average (of steps 10, 20)" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "again.pt").exists()
 
 
 def test_tied_weights_stored_apart_are_averaged_as_the_model_ties_them(tmp_path, vocab):

@@ -761,8 +761,12 @@ def test_held_out_text_that_is_the_training_text_under_another_name_is_refused(t
     shutil.copytree(BERT_TOY, text)
     shutil.copy(text / "train.txt", text / "again.txt")
     bert = tmp_path / "bert.yaml"
-    bert.write_text(f"data: {{dir: {text}, train: train.txt, valid: again.txt, format: text}}\ntrain: {{max_steps: 1}}\n")
+    bert.write_text(
+        f"data: {{dir: {text}, train: train.txt, valid: again.txt, format: text}}\ntrain: {{max_steps: 1}}\n"
+    )
     result = run_tcli("preprocess", "-q", "--config", str(bert), "--out", str(tmp_path / "b"))
     one_line_error(result, "data.valid", "again.txt holds the same text as data.train")
-    bert.write_text(f"data: {{dir: {text}, train: train.txt, valid: train.txt, format: text}}\ntrain: {{max_steps: 1}}\n")
+    bert.write_text(
+        f"data: {{dir: {text}, train: train.txt, valid: train.txt, format: text}}\ntrain: {{max_steps: 1}}\n"
+    )
     one_line_error(run_tcli("preprocess", "--config", str(bert), "--out", str(tmp_path / "b")), "are both 'train.txt'")

@@ -596,8 +596,8 @@ def average(
     extra = [Path(a) for a in ctx.args]
     paths = checkpoints_to_average(None if checkpoints is None else [*checkpoints, *extra], run, last)
     state = write_average(paths, out, force)
-    steps = state["tcli"]["averaged"]["steps"]
-    print(f"wrote {out}: the mean of {len(paths)} checkpoints (steps {', '.join(map(str, steps))})", file=sys.stderr)
+    steps = ", ".join("?" if s is None else str(s) for s in state["tcli"]["averaged"]["steps"])
+    print(f"wrote {out}: the mean of {len(paths)} checkpoints (steps {steps})", file=sys.stderr)
 
 
 def main() -> None:

@@ -69,6 +69,14 @@ def _fp32_weights(ckpt: Checkpoint) -> tuple[dict[str, torch.Tensor], dict[str, 
 
 
 def _step(ckpt: Checkpoint) -> int | None:
+    """The checkpoint's training step; an average is refused as an input (its checkpoints would count as one)."""
+    averaged = (ckpt.state.get("tcli") or {}).get("averaged")
+    if isinstance(averaged, dict):
+        steps = ", ".join(map(str, averaged.get("steps") or [])) or "unknown steps"
+        raise UserError(
+            f"{ckpt.path} is itself an average (of steps {steps}): its checkpoints would weigh as one; "
+            "average the step checkpoints it was made from"
+        )
     train_state = ckpt.state.get("train_state")
     return train_state.get("step") if isinstance(train_state, dict) else None
 
