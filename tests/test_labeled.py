@@ -119,6 +119,16 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
     assert str(p) in message and "line 3" in message
     p = write(tmp_path / "a.csv", b"text,label\na,1\nb\xff,0\n")
     assert "line 3" in one_line_error(read_table, p, "text", None, "label", "classification", match="invalid UTF-8")
+    for name in ("a.tsv", "a.csv", "a.jsonl"):  # a NUL byte is valid UTF-8 but no text
+        sep = "\t" if name.endswith("tsv") else ","
+        content = (
+            b'{"text": "a", "label": 1}\n{"text": "b\0", "label": 0}\n'
+            if name.endswith("jsonl")
+            else f"text{sep}label\na{sep}1\nb\0{sep}0\n".encode()
+        )
+        p = write(tmp_path / name, content)
+        message = one_line_error(read_table, p, "text", None, "label", "classification", match="a NUL byte")
+        assert f"line {2 if name.endswith('jsonl') else 3}" in message, message
 
 
 @pytest.mark.parametrize("name,content", [("a.tsv", ""), ("b.tsv", "text\tlabel\n"), ("c.csv", "text,label\n")])

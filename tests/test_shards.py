@@ -185,6 +185,28 @@ def test_index_lines_names_the_line_of_invalid_utf8(tmp_path):
             text_mod.index_lines(path, 10, chunk_bytes=chunk_bytes)
 
 
+@pytest.mark.parametrize("bad, message", [(b"\0", "a NUL byte"), (b"\xff", "invalid UTF-8")])
+def test_a_nul_byte_is_no_text_wherever_a_file_is_read(tmp_path, bad, message):
+    """/dev/zero saved to a file, or a NUL inside a line, was tokenised as text (and translated, exit 0): every
+    reader names the first line that is no text, the earliest of a NUL and invalid UTF-8."""
+    from transformer_cli.datasets.text import LineReader, decode_utf8
+
+    path = tmp_path / "t.txt"
+    data = b"ok\n" * 1000 + b"two " + bad + b"\n" + b"bad \xff \0\n"
+    path.write_bytes(data)
+    expected = rf"t\.txt line 1001: {message}"
+    for chunk_bytes in (7, 100, 1 << 22):
+        with pytest.raises(UserError, match=expected):
+            text_mod.index_lines(path, 10, chunk_bytes=chunk_bytes)
+    with pytest.raises(UserError, match=expected):
+        for _ in stream_lines(path, block_bytes=100):
+            pass
+    with pytest.raises(UserError, match=expected):
+        decode_utf8(data, str(path))
+    with pytest.raises(UserError, match=expected):
+        list(LineReader(open(path, "rb"), str(path), block_size=64))
+
+
 def test_stream_lines_names_the_line_of_invalid_utf8_in_a_later_block(tmp_path):
     path = tmp_path / "t.txt"
     path.write_bytes(b"ok\n" * 1000 + b"bad \xff\n" + b"ok\n")

@@ -64,11 +64,9 @@ def read_error(e: OSError, path: str | Path) -> UserError:
 def decode_utf8(data: bytes, name: str) -> list[str]:
     """Split UTF-8 bytes into lines (\n or \r\n, or \r alone in a file without \n, as old Mac files have;
     a leading BOM dropped); errors name `name` and the line."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise invalid_utf8(name, data.count(b"\n", 0, e.start) + 1, data[e.start]) from None
-    text = text.removeprefix("\ufeff")
+    if (bad := first_non_text(data)) >= 0:
+        raise text_error(name, data.count(b"\n", 0, bad) + 1, data[bad])
+    text = data.decode("utf-8").removeprefix("\ufeff")
     if "\n" not in text and "\r" in text:
         text = text.replace("\r", "\n")
     lines = text.split("\n")
@@ -79,6 +77,28 @@ def decode_utf8(data: bytes, name: str) -> list[str]:
 
 def invalid_utf8(name: str, line: int, byte: int) -> UserError:
     return UserError(f"{name} line {line}: invalid UTF-8 (byte {byte:#04x}); save the file as UTF-8")
+
+
+def nul_byte(name: str, line: int) -> UserError:
+    """A NUL byte is valid UTF-8 but no text: a binary file (/dev/zero, an image) would be tokenised as text."""
+    return UserError(
+        f"{name} line {line}: a NUL byte (0x00), which text never holds (a binary file?); give a text file"
+    )
+
+
+def first_non_text(data: bytes) -> int:
+    """The offset of the first byte that is no text (invalid UTF-8, or NUL), or -1."""
+    nul = data.find(b"\0")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start if nul < 0 else min(e.start, nul)
+    return nul
+
+
+def text_error(name: str, line: int, byte: int) -> UserError:
+    """The error for the byte `first_non_text` found on `line`."""
+    return nul_byte(name, line) if byte == 0 else invalid_utf8(name, line, byte)
 
 
 BOM = "\ufeff"
@@ -217,16 +237,13 @@ class LineReader:
 
     def _decode(self, data: bytes, last: bool = False) -> None:
         """Decodes `data`, whole lines joined by the line ending; `last`: the input's unended end."""
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            self._error = invalid_utf8(
-                self.name, self.lines_read + data.count(self._sep, 0, e.start) + 1, data[e.start]
-            )
-            good = data.rfind(self._sep, 0, e.start)  # the end of the last whole line before it
+        if (bad := first_non_text(data)) >= 0:  # the lines before it are given, then the error
+            self._error = text_error(self.name, self.lines_read + data.count(self._sep, 0, bad) + 1, data[bad])
+            good = data.rfind(self._sep, 0, bad)  # the end of the last whole line before it
             if good >= 0:
                 self._decode(data[:good])
             return
+        text = data.decode("utf-8")
         if self.lines_read == 0:
             text = text.removeprefix(BOM)
         if last and not text:
@@ -349,10 +366,8 @@ def index_lines(path: str | Path, block: int, chunk_bytes: int = 1 << 22, also: 
                 data = carry + chunk
                 end = data.rfind(sep) + 1 if chunk else len(data)  # whole lines only, until the end
                 whole, carry = data[:end], data[end:]
-                try:
-                    whole.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise invalid_utf8(str(path), lines + whole.count(sep, 0, e.start) + 1, whole[e.start]) from None
+                if (bad := first_non_text(whole)) >= 0:
+                    raise text_error(str(path), lines + whole.count(sep, 0, bad) + 1, whole[bad])
                 for at in range(0, len(whole), 1 << 18):  # counted a piece at a time; located only where a block starts
                     piece = whole[at : at + (1 << 18)]
                     count = piece.count(sep)
