@@ -213,3 +213,12 @@ def test_train_average_last_writes_and_scores_the_mean_of_the_last_step_checkpoi
     assert [e["checkpoints"] for e in log if e["event"] == "averaged"] == [["step_2.pt", "step_4.pt", "step_6.pt"]]
     refused = run_tcli("train", "--config", str(config), "--out", str(tmp_path / "r2"), "--set", "train.keep_last=2")
     assert refused.returncode == 2 and "train.average_last (3) needs train.keep_last >= 3" in refused.stderr
+    # a run's own checkpoint files are no --out, --force or not (an average in place of last.pt cannot resume)
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    for name in ("last.pt", "best.pt", "averaged.pt", "step_4.pt", "step_8.pt"):
+        out = run / "checkpoints" / name
+        code, err = tcli("average", "--checkpoints", str(steps[0]), str(steps[1]), "--out", str(out), "--force")
+        assert code == 2 and f"is the run {run}'s own {name}; write the average beside it" in err, err
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+    beside = run / "avg.pt"
+    assert tcli("average", "--checkpoints", str(steps[0]), str(steps[1]), "--out", str(beside))[0] == 0

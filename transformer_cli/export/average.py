@@ -18,7 +18,7 @@ import torch
 from transformer_cli.checkpoint import Checkpoint, read_checkpoint, serialize
 from transformer_cli.errors import UserError
 from transformer_cli.export.folders import check_writable_file
-from transformer_cli.files import remove_stale_temporaries, same_file, write_atomic
+from transformer_cli.files import RUN_MARKER, remove_stale_temporaries, same_file, write_atomic
 
 # What only a resumed training run needs: an average is never resumed.
 _TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng", "train_state")
@@ -197,9 +197,25 @@ def last_step_checkpoints(run_dir: Path, n: int) -> list[Path]:
     return [p for _, p in found[-n:]]
 
 
+def check_not_a_run_checkpoint(out: Path) -> None:
+    """A run's own checkpoint files (last.pt, best.pt, averaged.pt, step_<N>.pt in a run's checkpoints/) are no
+    --out, --force or not: an average in place of last.pt cannot be resumed, one in place of best.pt is not it."""
+    try:
+        folder = out.resolve().parent
+    except (OSError, RuntimeError):  # a link loop: the write names it
+        return
+    own = out.name in ("last.pt", "best.pt", "averaged.pt") or _STEP_FILE.fullmatch(out.name)
+    if own and folder.name == "checkpoints" and (folder.parent / RUN_MARKER).is_file():
+        raise UserError(
+            f"--out {out} is the run {folder.parent}'s own {out.name}; write the average beside it "
+            f"(e.g. {folder.parent / 'avg.pt'})"
+        )
+
+
 def write_average(paths: list[Path], out: Path, force: bool = False) -> dict[str, Any]:
     """Average `paths` into the checkpoint `out` (atomically; an existing file only with `force`)."""
     check_writable_file(out)
+    check_not_a_run_checkpoint(out)
     remove_stale_temporaries(out.parent, out.name, live_writers=True)  # of an interrupted average to `out`
     if out.exists() and not force:
         raise UserError(f"{out} exists; pass --force to overwrite it")
