@@ -275,3 +275,13 @@ def test_plot_curves(toy_run, tmp_path):
     one_line_error(run_tcli("plot", str(empty)), "metrics.jsonl not found")
     (empty / "metrics.jsonl").write_text("")
     one_line_error(run_tcli("plot", str(empty)), "no train or eval events")
+
+
+def test_attention_maps_are_not_written_into_a_run_s_own_folders(toy_run):
+    """--attention runs/x/checkpoints wrote images among the run's checkpoints; exports refuse such folders too."""
+    before = sorted(p.name for p in (toy_run / "checkpoints").iterdir())
+    for folder in (toy_run, toy_run / "checkpoints", toy_run / "vocab" / "maps"):
+        args = ["translate", "--checkpoint", str(toy_run / "checkpoints" / "best.pt"), "--attention", str(folder)]
+        one_line_error(run_tcli(*args, input="A dog sleeps.\n"), "--attention", "the run's own")
+    assert sorted(p.name for p in (toy_run / "checkpoints").iterdir()) == before
+    assert not (toy_run / "vocab" / "maps").exists()

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from transformer_cli.errors import UserError
+from transformer_cli.files import check_not_a_run_part
 from transformer_cli.models.transformer import Transformer
 from transformer_cli.vocab import Vocab
 
@@ -278,6 +279,7 @@ def prepare_folder(folder: Path) -> None:
     """Create the --attention folder (before any decoding), or fail in one line."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"--attention {folder} is a file; give a folder")
+    check_not_a_run_part(folder, "--attention")  # a run's checkpoints/ or vocab/ holds the run's own files
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
