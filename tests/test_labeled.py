@@ -358,3 +358,20 @@ def test_real_conll2003_counts():
         got = read_conll(SHARED_DATA / "conll2003" / name)
         assert (len(got), sum(len(s.words) for s in got)) == (sentences, tokens), name
         assert len(label_set(got, SHARED_DATA)) == 9
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero here")
+@pytest.mark.parametrize("name", ["z.tsv", "z.csv", "z.jsonl", "z.conll"])
+def test_a_table_that_is_a_device_is_refused_not_read_until_the_memory_is_gone(tmp_path, name):
+    """`predict --input z.tsv` with z.tsv a link to /dev/zero was killed by the system at 23 GB, saying nothing."""
+    from transformer_cli.datasets.labeled import read_conll
+
+    link = tmp_path / name
+    link.symlink_to("/dev/zero")
+    read = (
+        (lambda: read_conll(link))
+        if name.endswith("conll")
+        else (lambda: read_table(link, "text", None, "label", "classification"))
+    )
+    with pytest.raises(UserError, match=f"{name} is not a regular file .a device, FIFO or socket.; save the table"):
+        read()

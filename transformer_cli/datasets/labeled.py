@@ -17,7 +17,9 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
+import stat
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -86,7 +88,7 @@ class LabelledData:
     def fingerprint(self) -> str:
         h = hashlib.sha256()
         for path in self.files:
-            h.update(path.read_bytes())
+            h.update(_read_bytes(path))
         return h.hexdigest()
 
 
@@ -395,7 +397,11 @@ def _listing(labels: Sequence[str], limit: int = 20) -> str:
 
 
 def _read_bytes(path: Path) -> bytes:
+    """A table or CoNLL file, read whole: a regular file (a link to one too). A device never ends (/dev/zero
+    under a .tsv name filled the memory until the system killed the process) and a FIFO is read once."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode) and not path.is_dir():
+            raise UserError(f"{path} is not a regular file (a device, FIFO or socket); save the table to a file")
         return path.read_bytes()
     except OSError as e:
         raise read_error(e, path) from None
