@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -250,3 +251,46 @@ def test_export_hf_tagger_pipeline_gives_tcli_tags(runs, tmp_path):
     torch.testing.assert_close(
         theirs, _tcli_logits(ckpt, batch["input_ids"], batch["token_type_ids"]), atol=1e-4, rtol=0
     )
+
+
+@pytest.mark.parametrize("kind", ["classification", "regression", "tagging"])
+def test_a_checkpoint_whose_outputs_are_not_finite_is_refused_not_scored_as_class_0(runs, kind, monkeypatch):
+    """A run diverging through weight decay saved finite weights of 1e16 whose outputs were NaN: predict printed
+    `0 nan` and evaluate `accuracy 0.5` (NaN argmax is class 0), exit 0. Here the outputs are made NaN where the
+    model's logits come out (weights that overflow depend on the input); the training's evaluation of such
+    outputs is NaN, which never becomes best.pt."""
+    from transformer_cli import finetuned, predict
+    from transformer_cli.checkpoint import read_checkpoint
+    from transformer_cli.datasets.labeled import read_conll, read_table
+    from transformer_cli.runtime import Runtime
+
+    real = finetuned.predict_logits
+
+    def overflowing(*args, **kwargs):
+        logits = real(*args, **kwargs)
+        return [t.clone().fill_(math.inf) - math.inf if i % 2 == 0 else t for i, t in enumerate(logits)]  # NaN
+
+    monkeypatch.setattr(finetuned, "predict_logits", overflowing)
+    monkeypatch.setattr(predict, "predict_logits", overflowing)
+    run = runs[kind]
+    ckpt_path = run / "checkpoints" / "last.pt"
+    line = {"classification": "a cat\n", "regression": "a cat\ta\n", "tagging": "a cat\n"}[kind]
+    for args, kwargs in (
+        (["evaluate", "--checkpoint", str(ckpt_path), "--split", "valid"], {}),
+        (["predict", "--checkpoint", str(ckpt_path)], {"input": line}),
+    ):
+        result = CliRunner().invoke(app, args, **kwargs)
+        assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+        assert f"{ckpt_path}: the model's outputs are not finite (NaN or inf)" in result.output, result.output
+    data = run.parent.parent
+    if kind == "tagging":
+        examples = read_conll(data / "dev.conll")
+    elif kind == "regression":
+        examples = read_table(data / "dev.jsonl", "a", "b", "score", "regression")
+    else:
+        examples = read_table(data / "dev.tsv", "sentence", None, "label", "classification")
+    ckpt = read_checkpoint(ckpt_path)
+    scores, _ = finetuned.evaluate_examples(
+        ckpt.build_model(), ckpt.finetune, ["x"], examples, None, Runtime.create("cpu", "fp32")
+    )
+    assert set(scores) == {"x", "score"} and all(math.isnan(v) for v in scores.values())

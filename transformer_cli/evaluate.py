@@ -209,7 +209,7 @@ def _evaluate_finetuned(
     sets = _labelled_examples(ckpt, split, input_path, data_dir)
     result: dict[str, Any] = {"data": split if split is not None else str(input_path)}
     for i, (name, examples) in enumerate(sets.items()):
-        scores, _ = evaluate_examples(model, meta, metrics, examples, None, runtime)
+        scores, _ = evaluate_examples(model, meta, metrics, examples, None, runtime, refuse_non_finite=str(ckpt.path))
         prefix = "" if i == 0 else f"{name}/"
         result.update({f"{prefix}examples": len(examples), **{f"{prefix}{k}": v for k, v in scores.items()}})
     return result

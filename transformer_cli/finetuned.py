@@ -7,6 +7,7 @@ here imports the training modules.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -351,11 +352,27 @@ def evaluate_examples(
     examples: list[Any],
     features: Features | None,
     runtime: Runtime,
+    refuse_non_finite: str | None = None,
 ) -> tuple[dict[str, float], list[Any]]:
     """(the metrics and score, the predictions) of labelled examples: what training logs at each evaluation
-    and `tcli evaluate` prints, computed by this one function."""
+    and `tcli evaluate` prints, computed by this one function. Outputs that are not finite (weights grown past
+    float range) score NaN, which never becomes best.pt (argmax read NaN as class 0: a score of chance); with
+    `refuse_non_finite` (the checkpoint's name) they are a one-line error."""
     features = features if features is not None else features_of(meta, examples)
     batches = length_order(features, EVAL_ROWS)
     logits = predict_logits(model, features, batches, meta.tokenizer.pad_id, meta.kind, runtime, meta.max_seq_len)
     preds, _ = decide(meta.kind, logits)
+    if non_finite(logits, refuse_non_finite):
+        return {**dict.fromkeys(metrics, math.nan), "score": math.nan}, preds
     return score(meta, metrics, examples, preds), preds
+
+
+def non_finite(logits: list[Tensor], refuse: str | None = None) -> int:
+    """How many examples' outputs hold NaN or inf; with `refuse` (the checkpoint's name) any is a UserError."""
+    bad = sum(not bool(torch.isfinite(t).all()) for t in logits)
+    if bad and refuse is not None:
+        raise UserError(
+            f"{refuse}: the model's outputs are not finite (NaN or inf) for {bad} of {len(logits)} examples (its "
+            "weights grew past the float range while it trained); use an earlier checkpoint of the run"
+        )
+    return bad

@@ -27,7 +27,15 @@ from transformer_cli.datasets.labeled import (
     read_table,
 )
 from transformer_cli.errors import UserError
-from transformer_cli.finetuned import FinetuneMeta, decide, encode_tagged, encode_texts, length_order, predict_logits
+from transformer_cli.finetuned import (
+    FinetuneMeta,
+    decide,
+    encode_tagged,
+    encode_texts,
+    length_order,
+    non_finite,
+    predict_logits,
+)
 from transformer_cli.streams import check_outputs, chunks, first_chunk, open_input, writer
 
 ROWS = 64  # examples per forward pass
@@ -41,6 +49,7 @@ class Predictor:
         from transformer_cli.runtime import Runtime
 
         ckpt = read_checkpoint(checkpoint, kind="finetune")
+        self.checkpoint = checkpoint
         self.cfg, self.meta = ckpt.cfg, ckpt.finetune
         self.runtime = Runtime.create(device, precision)
         self.model = ckpt.build_model().to(self.runtime.device).eval()
@@ -71,6 +80,7 @@ class Predictor:
             self.runtime,
             meta.max_seq_len,
         )
+        non_finite(logits, refuse=str(self.checkpoint))
         preds, probs = decide(meta.kind, logits)
         if meta.kind == "tagging":
             for ex, pred in zip(examples, preds):
