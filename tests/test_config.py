@@ -101,6 +101,32 @@ def test_bad_values_name_key_and_file(tmp_path, text, overrides, expected):
     assert "\n" not in str(err.value)
 
 
+def test_a_file_key_ending_in_a_slash_is_refused_as_the_system_would(tmp_path):
+    """`data.train: train.tsv/` trained on train.tsv (a path drops the slash); the command-line options refused it.
+    model.init names a file or a folder: a folder may end in '/', a file may not."""
+    from transformer_cli.config import BertRunConfig, FinetuneRunConfig
+
+    ckpt = tmp_path / "best.pt"
+    ckpt.write_bytes(b"x")
+    (tmp_path / "hf").mkdir()
+    cases = [
+        (TranslationRunConfig, "data.train", "train/"),
+        (TranslationRunConfig, "data.test", "test/"),
+        (TranslationRunConfig, "vocab.model", "joint.model/"),
+        (BertRunConfig, "data.valid", "valid.txt/"),
+        (FinetuneRunConfig, "data.train", "train.tsv/"),
+        (FinetuneRunConfig, "data.valid", "dev.tsv/"),
+        (FinetuneRunConfig, "model.init", f"{ckpt}/"),
+    ]
+    for schema, key, value in cases:
+        with pytest.raises(UserError, match=rf"{key}: a file is named without the final '/'") as err:
+            load_config(schema, None, ["train.max_steps=1", f"{key}={value}"])
+        assert "\n" not in str(err.value)
+    cfg = load_config(FinetuneRunConfig, None, ["train.max_steps=1", f"model.init={tmp_path / 'hf'}/"])
+    assert cfg.model.init == f"{tmp_path / 'hf'}/"
+    assert load_config(TranslationRunConfig, None, ["train.max_steps=1", "data.dir=data/toy/"]).data.dir == "data/toy/"
+
+
 @pytest.mark.parametrize("written", ["010", "0x18", "0o17", "2_4", "1:30", "1_0.5", "1:30.5"])
 def test_yaml_1_1_number_forms_are_text_not_silently_other_numbers(tmp_path, written):
     """`layers: 010` was 8 (octal), 0x18 and 2_4 were 24, 1:30 was 90 (base 60): a number key refuses them,

@@ -7,11 +7,12 @@ the key path and the file. Each component receives only its own section (`cfg.mo
 
 from __future__ import annotations
 
+import os
 import re
 import typing
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, ValidationInfo, field_validator
@@ -141,7 +142,19 @@ class Section(BaseModel):
             raise PydanticCustomError(
                 "text_for_number", "write a decimal number without quotes (010, 0x18, 2_4 and 1:30 are text)"
             )
+        # `train.tsv/` names a folder, as the system reads it (`cat train.tsv/`: Not a directory); a path drops
+        # the slash and would read the file. model.init may name a folder (Hugging Face's), not a file so.
+        if isinstance(value, str) and value.endswith("/") and len(value) > 1:
+            if info.field_name in cls.FILE_KEYS or (
+                info.field_name in cls.FILE_OR_FOLDER_KEYS
+                and os.path.lexists(value.rstrip("/"))
+                and not os.path.isdir(value)
+            ):
+                raise PydanticCustomError("folder_for_file", "a file is named without the final '/'")
         return value
+
+    FILE_KEYS: ClassVar[tuple[str, ...]] = ()  # keys that name a file (or a split's files)
+    FILE_OR_FOLDER_KEYS: ClassVar[tuple[str, ...]] = ()  # keys that name a file or a folder
 
     def check(self) -> None:
         """Cross-field checks; raise ValueError naming the keys involved."""
@@ -179,6 +192,8 @@ MAX_SEED = 2**32 - 1  # the largest train.seed
 
 class VocabConfig(Section):
     """The sentencepiece vocabulary, trained from the training text on the first run."""
+
+    FILE_KEYS = ("model",)
 
     size: int = Field(8000, ge=16, le=1_000_000, description="target vocabulary size (an upper bound)")
     type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
@@ -243,6 +258,8 @@ class TrainConfig(Section):
 
 class TranslationDataConfig(Section):
     """Parallel text: `{split}.{lang}` files under `dir`, one sentence per line."""
+
+    FILE_KEYS = ("train", "valid", "test")
 
     dir: str = Field("data/toy", description="folder with the parallel text files")
     src_lang: str = Field("src", min_length=1, description="source file suffix, e.g. en")
@@ -539,6 +556,8 @@ def dump_config(cfg: Section) -> str:
 class BertDataConfig(Section):
     """Pretraining text: documents separated by blank lines (or WikiText headings)."""
 
+    FILE_KEYS = ("train", "valid")
+
     dir: str = Field("data/bert_toy", description="folder with the text files")
     train: str = Field("train.txt", min_length=1, description="training text file under dir")
     valid: str = Field(
@@ -642,6 +661,8 @@ class FinetuneTaskConfig(Section):
 class FinetuneDataConfig(Section):
     """Labelled examples: a GLUE folder, a TSV/CSV/JSONL file with named columns, or CoNLL files."""
 
+    FILE_KEYS = ("train", "valid")
+
     dir: str = Field("data", description="folder with the training and validation files")
     format: Literal["auto", "tsv", "csv", "jsonl", "conll"] = Field(
         "auto", description="file format (auto: from the file suffix; .txt and .conll are CoNLL)"
@@ -662,6 +683,8 @@ INIT_NONE_ARCHITECTURE = ("d_model", "layers", "heads", "ffn_dim", "max_position
 
 class FinetuneModelConfig(Section):
     """The starting encoder, and sizes only for `init: none`."""
+
+    FILE_OR_FOLDER_KEYS = ("init",)
 
     init: str = Field(
         "none", description="a tcli BERT checkpoint, a Hugging Face BERT folder, or none (random weights)"
