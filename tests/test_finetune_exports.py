@@ -294,3 +294,16 @@ def test_a_checkpoint_whose_outputs_are_not_finite_is_refused_not_scored_as_clas
         ckpt.build_model(), ckpt.finetune, ["x"], examples, None, Runtime.create("cpu", "fp32")
     )
     assert set(scores) == {"x", "score"} and all(math.isnan(v) for v in scores.values())
+
+
+def test_evaluate_refuses_a_file_on_which_its_metrics_are_undefined(runs, tmp_path):
+    """One gold score: Pearson and Spearman are undefined; evaluate printed them as 0.0000, exit 0, where
+    fine-tuning refuses the same file as its dev set."""
+    ckpt = str(runs["regression"] / "checkpoints" / "last.pt")
+    same = tmp_path / "same.jsonl"
+    same.write_text("".join(json.dumps({"a": t, "b": "x", "score": 3.0}) + "\n" for t in ("a cat", "a dog")))
+    result = CliRunner().invoke(app, ["evaluate", "--checkpoint", ckpt, "--input", str(same)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert f"{same}: every example has the score 3, on which Pearson and Spearman are undefined" in result.output
+    same.write_text("".join(json.dumps({"a": t, "b": "x", "score": s}) + "\n" for t, s in (("a", 1.0), ("b", 2.0))))
+    assert CliRunner().invoke(app, ["evaluate", "--checkpoint", ckpt, "--input", str(same)]).exit_code == 0

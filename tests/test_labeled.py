@@ -101,6 +101,16 @@ def test_regression_label_must_be_a_finite_float(tmp_path, value):
     assert message.startswith(f"{p}:3: ")
 
 
+@pytest.mark.parametrize("value", ["1e300", "-1e39", "2e18"])
+def test_a_regression_label_whose_square_overflows_float32_is_refused(tmp_path, value):
+    """1e39 (or 1e300) passed as finite, then trained with loss inf and every update skipped, exit 0."""
+    p = write(tmp_path / "a.jsonl", f'{{"text": "a", "score": 1}}\n{{"text": "b", "score": {value}}}\n')
+    message = one_line_error(read_table, p, "text", None, "score", "regression", match="beyond ±1e\\+18")
+    assert message.startswith(f"{p}:2: ")
+    p = write(tmp_path / "b.tsv", "text\tscore\na\t1e18\nb\t-1e18\n")  # the bound itself reads
+    assert [e.label for e in read_table(p, "text", None, "score", "regression")] == [1e18, -1e18]
+
+
 def test_regression_labels_as_numbers_are_written(tmp_path):
     values = ["3", "-2.5", "+.5", "1e-3", "4.", "2E+2", " 7 "]
     p = write(tmp_path / "a.tsv", "text\tscore\n" + "".join(f"t\t{v}\n" for v in values))

@@ -354,6 +354,27 @@ def look_alike(labels: Sequence[str]) -> list[tuple[str, str]]:
     return [(group[0], group[1]) for group in groups.values() if len(group) > 1]
 
 
+def check_scorable(kind: str, metrics: Sequence[str], dev: dict[Path, list[Any]]) -> None:
+    """A dev set (or a file tcli evaluate scores) on which a chosen metric is the same for every model: Pearson
+    and Spearman of one gold score are undefined (0 here), MCC of one class is 0. best.pt would be chosen on
+    that constant, and evaluate would print it as a score."""
+    for path, examples in dev.items():
+        golds = {ex.label for ex in examples if isinstance(ex, TextExample)}
+        if len(golds) != 1:
+            continue
+        (gold,) = golds
+        if kind == "regression" and {"pearson", "spearman"} & set(metrics):
+            raise UserError(
+                f"{path}: every example has the score {gold:g}, on which Pearson and Spearman are undefined (any "
+                "model would score 0); give examples with different scores"
+            )
+        if kind == "classification" and "mcc" in metrics:
+            raise UserError(
+                f"{path}: every example has the label {quote(gold)}, on which MCC is 0 for any model; give examples "
+                "with more than one label, or score it with accuracy"
+            )
+
+
 def check_labels(examples: Sequence[TextExample] | Sequence[TaggedSentence], labels: Sequence[str], path: Path) -> None:
     """Check that every label (or tag) is one of `labels`, the set fixed by training.
 
@@ -532,7 +553,15 @@ def _label(path: Path, line: int, value: object, kind: str) -> str | float:
         number = math.nan
     if not math.isfinite(number):
         raise UserError(f"{path}:{line}: label {quote(value)} is not a finite number; a regression label is a number")
+    if abs(number) > MAX_REGRESSION_LABEL:
+        raise UserError(
+            f"{path}:{line}: label {quote(value)} is beyond ±{MAX_REGRESSION_LABEL:g}: the squared error of the loss "
+            "overflows float32 (loss inf, every update skipped); rescale the scores"
+        )
     return number
+
+
+MAX_REGRESSION_LABEL = 1e18  # squared, 1e36: within float32's 3.4e38, a batch's sum too
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from transformer_cli.datasets.labeled import (
     TaggedSentence,
     TextExample,
     check_labels,
+    check_scorable,
     glue_key,
     label_set,
     look_alike,
@@ -99,7 +100,7 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
             f"task.metrics f1 is the F1 of the positive class (the second label, as GLUE scores MRPC and QQP) and "
             f"needs two labels, but {files[0]} has {len(labels)}; score it with accuracy or mcc"
         )
-    _check_scorable(
+    check_scorable(
         t.kind,
         tuple(t.metrics or metrics),
         {valid_path: valid, **{valid_path.with_name(f"{k}.tsv"): v for k, v in more.items()}},
@@ -112,26 +113,6 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
                 file=sys.stderr,
             )
     return LabelledData(t.kind, train, valid, tuple(labels), tuple(t.metrics or metrics), files, valid_path, more)
-
-
-def _check_scorable(kind: str, metrics: tuple[str, ...], dev: dict[Path, list[Any]]) -> None:
-    """A dev set on which a chosen metric is the same for every model: Pearson and Spearman of one gold score are
-    undefined (0 here), MCC of one class is 0. best.pt would be chosen on that constant."""
-    for path, examples in dev.items():
-        golds = {ex.label for ex in examples if isinstance(ex, TextExample)}
-        if len(golds) != 1:
-            continue
-        (gold,) = golds
-        if kind == "regression" and {"pearson", "spearman"} & set(metrics):
-            raise UserError(
-                f"{path}: every example has the score {gold:g}, on which Pearson and Spearman are undefined (any "
-                "model would score 0); give a dev set with different scores"
-            )
-        if kind == "classification" and "mcc" in metrics:
-            raise UserError(
-                f"{path}: every example has the label {quote(gold)}, on which MCC is 0 for any model; give a dev set "
-                "with more than one label, or score it with accuracy"
-            )
 
 
 def _table(path: Path, d: Any, kind: str) -> list[TextExample]:

@@ -404,8 +404,7 @@ class Trainer:
         raise UserError(
             f"training diverged: the loss or gradients were NaN or infinite {where}; those updates "
             "were skipped and the checkpoints saved before are kept; lower train.lr, raise "
-            "train.warmup_steps or check train.adam_eps / train.weight_decay and the data (a regression target "
-            "too large to square overflows the loss), then start a new run"
+            "train.warmup_steps or check train.adam_eps / train.weight_decay, then start a new run"
         )
 
     def _out_of_time(self) -> bool:
