@@ -385,3 +385,20 @@ def test_a_table_that_is_a_device_is_refused_not_read_until_the_memory_is_gone(t
     )
     with pytest.raises(UserError, match=f"{name} is not a regular file .a device, FIFO or socket.; save the table"):
         read()
+
+
+def test_a_headerless_glue_task_s_own_file_is_read_by_its_model(tmp_path):
+    """`evaluate --input CoLA/dev.tsv` with a CoLA model said "no column 'sentence'" of CoLA's own (headerless)
+    file; a table with a header naming the model's columns still reads by them."""
+    from transformer_cli.datasets.labeled import read_task_table
+
+    cola = GLUE_TASKS["cola"]
+    own = write(tmp_path / "dev.tsv", "gj04\t1\t\tGood one.\ngj04\t0\t*\tBad one .\n")
+    named = write(tmp_path / "named.tsv", "sentence\tlabel\nGood one.\t1\nBad one .\t0\n")
+    for path in (own, named):
+        examples = read_task_table(path, cola, "sentence", None, "label", "classification")
+        assert [(e.text, e.label) for e in examples] == [("Good one.", "1"), ("Bad one .", "0")], path
+        unlabelled = read_task_table(path, cola, "sentence", None, None, "classification")
+        assert [(e.text, e.label) for e in unlabelled] == [("Good one.", None), ("Bad one .", None)], path
+    sst2 = GLUE_TASKS["sst2"]  # a task whose files have a header: the named columns, as before
+    one_line_error(read_task_table, own, sst2, "sentence", None, "label", "classification", match="no column")

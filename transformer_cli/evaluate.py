@@ -229,7 +229,7 @@ def _labelled_examples(
         glue_key,
         read_conll,
         read_glue,
-        read_table,
+        read_task_table,
     )
 
     cfg, meta = ckpt.cfg, ckpt.finetune
@@ -261,7 +261,8 @@ def _labelled_examples(
         if glue is not None:  # a file with the GLUE task's own column names (CoLA's, unnamed: sentence, label)
             text, label = (c if isinstance(c, str) else n for c, n in ((glue.text, d.text), (glue.label, d.label)))
             pair = glue.pair if isinstance(glue.pair, str) else None
-        examples = read_table(path, text, pair, label, "regression" if meta.kind == "regression" else "classification")
+        kind = "regression" if meta.kind == "regression" else "classification"
+        examples = read_task_table(path, glue, text, pair, label, kind)
         unlabelled = next((ex for ex in examples if ex.label is None), None)
     if not examples:
         raise UserError(f"{path}: no examples to score")

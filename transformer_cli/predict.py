@@ -24,7 +24,7 @@ from transformer_cli.datasets.labeled import (
     TextExample,
     glue_key,
     read_conll,
-    read_table,
+    read_task_table,
 )
 from transformer_cli.errors import UserError
 from transformer_cli.finetuned import (
@@ -171,7 +171,9 @@ def run_predict(
         if suffix in TABLE_SUFFIXES:
             text, pair = predictor.columns()
             kind = "regression" if predictor.meta.kind == "regression" else "classification"
-            return _write_all(predictor, [read_table(input_path, text, pair, None, kind)], write)
+            glue = predictor.cfg.task.glue
+            task = GLUE_TASKS[glue_key(glue)] if glue else None
+            return _write_all(predictor, [read_task_table(input_path, task, text, pair, None, kind)], write)
         if suffix == ".conll":
             return _write_all(predictor, [read_conll(input_path)], write)
         lines = stack.enter_context(open_input(input_path, sys.stdin))

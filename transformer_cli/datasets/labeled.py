@@ -191,6 +191,19 @@ def read_glue(data_dir: Path, task: str, split: str) -> list[TextExample]:
 TABLE_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json")  # files read as tables; CoNLL's are .conll or .txt
 
 
+def read_task_table(
+    path: Path, task: GlueTask | None, text: str, pair: str | None, label: str | None, kind: str
+) -> list[TextExample]:
+    """A table given to a model (tcli evaluate --input, tcli predict): `read_table` with the named columns, or,
+    for a GLUE task whose files have no header (CoLA), a .tsv without such a header read as that task's own
+    files are, columns by position (its dev.tsv, which otherwise had no column 'sentence')."""
+    if task is not None and not task.header and Path(path).suffix.lower() == ".tsv":
+        first = next((line for line in _lines(Path(path)) if line != ""), "")
+        if text not in first.split("\t"):
+            return _read_tsv(Path(path), task.text, task.pair, None if label is None else task.label, kind, False)
+    return read_table(path, text, pair, label, kind)
+
+
 def read_table(path: Path, text: str, pair: str | None, label: str | None, kind: str) -> list[TextExample]:
     """A user's labelled (or unlabelled) table, by its suffix: `.tsv`, `.csv`, `.jsonl` or `.json` (JSON lines).
 
