@@ -245,6 +245,18 @@ def test_labels_that_print_alike(tmp_path):
     tags = [TaggedSentence(("a", "b"), ("O", "B-PER\u200b"), 5)]
     one_line_error(label_set, tags, tmp_path / "t.conll", match=r"t\.conll:6: label")
     assert label_set([TextExample("a", None, "\U0001f469\u200d\U0001f4bb", 1)], tmp_path)  # an emoji's joiner
+    # joiners and variation selectors outside an emoji, Hangul fillers, the combining grapheme joiner: "1" again
+    for hidden in ("\u200d", "\ufe0f", "\u034f", "\u115f", "\u3164", "\uffa0", "\U000e0100"):
+        train = [TextExample("a", None, "1", 1), TextExample("b", None, "1" + hidden, 2)]
+        one_line_error(label_set, train, tmp_path / "t.tsv", match=r"t\.tsv:2: label .* invisible character U\+")
+        one_line_error(label_set, [TextExample("b", None, "x" + hidden + "y", 1)], tmp_path / "t.tsv", match=r"U\+")
+    for emoji in (
+        "\u2764\ufe0f",
+        "1\ufe0f\u20e3",
+        "\U0001f3f3\ufe0f\u200d\U0001f308",
+        "\U0001f468\U0001f3fd\u200d\U0001f4bb",
+    ):
+        assert label_set([TextExample("a", None, emoji, 1)], tmp_path) == (emoji,)
     assert look_alike(("0", "01", "1", "1.0", "Neg", "neg", "pos")) == [("01", "1"), ("Neg", "neg")]
     assert look_alike(("entailment", "not_entailment")) == []
 

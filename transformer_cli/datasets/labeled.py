@@ -349,9 +349,37 @@ def label_set(examples: Sequence[TextExample] | Sequence[TaggedSentence], path: 
     return tuple(sorted(seen))
 
 
+# Characters that print as nothing though they are no control or format character: Hangul fillers (letters)
+# and the combining grapheme joiner (a mark).
+BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u034f")
+
+
 def invisible(label: str) -> str | None:
-    """The first control or format character of a label (NUL, a zero-width space; an emoji's joiner excepted)."""
-    return next((c for c in label if unicodedata.category(c) in ("Cc", "Cf") and c != ZWJ), None)
+    """The first character of a label that prints as nothing: a control or format character (NUL, a zero-width
+    space), a Hangul filler, a combining grapheme joiner, and a joiner or variation selector that is not part
+    of an emoji ("👩\u200d💻", "❤\ufe0f" and the keycap "1\ufe0f\u20e3" are labels; "1\u200d" is "1" again)."""
+    for i, c in enumerate(label):
+        before, after = label[i - 1 : i], label[i + 1 : i + 2]
+        if c == ZWJ:
+            if _emoji_part(before) and _emoji_part(after):
+                continue
+            return c
+        if _variation_selector(c):
+            if _emoji_part(before) or after == "\u20e3":  # (a keycap: digit, VS-16, U+20E3)
+                continue
+            return c
+        if c in BLANK_CHARACTERS or unicodedata.category(c) in ("Cc", "Cf"):
+            return c
+    return None
+
+
+def _variation_selector(c: str) -> bool:
+    return "\ufe00" <= c <= "\ufe0f" or "\U000e0100" <= c <= "\U000e01ef"
+
+
+def _emoji_part(c: str) -> bool:
+    """A symbol (an emoji, a skin-tone modifier) or a variation selector after one: what a joiner joins."""
+    return bool(c) and (unicodedata.category(c) in ("So", "Sk") or _variation_selector(c))
 
 
 def look_alike(labels: Sequence[str]) -> list[tuple[str, str]]:
