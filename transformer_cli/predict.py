@@ -134,10 +134,12 @@ def _plain(line: str, number: int, pair_model: bool, tagging: bool, name: str) -
     if pair_model:
         fields = line.rstrip("\r\n").split("\t")
         if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
-            raise UserError(
-                f"{name}:{number}: this model reads pairs: give 'first text<TAB>second text' "
-                f"(the line has {len(fields)} tab-separated field{'s' if len(fields) != 1 else ''})"
+            found = (
+                f"its {'first' if not fields[0].strip() else 'second'} text is empty"
+                if len(fields) == 2
+                else f"the line has {len(fields)} tab-separated field{'s' if len(fields) != 1 else ''}"
             )
+            raise UserError(f"{name}:{number}: this model reads pairs: give 'first text<TAB>second text' ({found})")
         a, b = fields
         return TextExample(a.strip(), b.strip(), None, number)
     if "\t" in text:  # a table's row (a header, a label column) read as one text: its output would be wrong
