@@ -259,6 +259,32 @@ def test_resume_after_sigkill_is_exact(tmp_path, tiny_bert, sst):
     assert steps == sorted(set(steps))
 
 
+def test_a_resume_refuses_a_changed_dev_file(tmp_path, tiny_bert, sst):
+    """best.pt and early stopping compare dev scores across a resume: a dev file changed (a row appended) between
+    the two would compare scores on two sets; refused as changed training data is, and the same file resumes."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(sst, data)
+    cfg = write_config(tmp_path / "ft.yaml", data, str(tiny_bert))
+    run = tmp_path / "run"
+    assert invoke("finetune", "--config", str(cfg), "--out", str(run), "--set", "train.max_steps=2").exit_code == 0
+    original = (data / "dev.tsv").read_bytes()
+    (data / "dev.tsv").write_bytes(original + b"a good extra row\tpos\n")
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    result = invoke(
+        "finetune", "--config", str(cfg), "--out", str(run), "--resume", "auto", "--set", "train.max_steps=4"
+    )
+    assert result.exit_code == 2 and "the validation data differ from those" in result.output, result.output
+    assert f"{data / 'dev.tsv'}, compared by sha256" in result.output
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+    (data / "dev.tsv").write_bytes(original)
+    again = invoke(
+        "finetune", "--config", str(cfg), "--out", str(run), "--resume", "auto", "--set", "train.max_steps=4"
+    )
+    assert again.exit_code == 0, again.output
+
+
 def test_shipped_finetune_configs_load():
     from transformer_cli.config import FinetuneRunConfig, load_config
 

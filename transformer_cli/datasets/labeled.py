@@ -86,10 +86,18 @@ class LabelledData:
     more_valid: dict[str, list[TextExample]] = field(default_factory=dict)
 
     def fingerprint(self) -> str:
-        h = hashlib.sha256()
-        for path in self.files:
-            h.update(_read_bytes(path))
-        return h.hexdigest()
+        return _hash_files(self.files)
+
+    def valid_fingerprint(self) -> str:
+        """The hash of the dev file(s): best.pt and early stopping compare scores on them across a resume."""
+        return _hash_files([self.valid_path, *(self.valid_path.with_name(f"{s}.tsv") for s in self.more_valid)])
+
+
+def _hash_files(paths: Iterable[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(_read_bytes(path))
+    return h.hexdigest()
 
 
 _BINARY = ("0", "1")

@@ -338,6 +338,7 @@ class FinetuneSetup(SetupBase):
         self.meta: FinetuneMeta | None = None
         self.weights: dict[str, Tensor] | None = None  # the starting encoder's (None: random, or resumed)
         self.described = ""
+        self._resumed_valid: tuple[str | None, Path | None] = (None, None)
 
     @property
     def data(self) -> LabelledData:
@@ -347,6 +348,7 @@ class FinetuneSetup(SetupBase):
 
     def resuming(self, ckpt: Checkpoint) -> None:
         self.meta, self.weights, self.described = ckpt.finetune, None, f"resumed {ckpt.path}"
+        self._resumed_valid = ckpt.state.get("valid_fingerprint"), ckpt.path  # (None: saved before it was kept)
 
     def model_meta(self) -> FinetuneMeta:
         """The model to train: the checkpoint's when resuming, else `model.init` (read here, once)."""
@@ -369,6 +371,12 @@ class FinetuneSetup(SetupBase):
 
     def read_data(self) -> None:
         meta, t = self.model_meta(), self.cfg.train
+        saved, path = self._resumed_valid
+        if saved is not None and saved != self.data.valid_fingerprint():
+            raise UserError(
+                f"the validation data differ from those {path} was evaluated on ({self.data.valid_path}, compared by "
+                "sha256): best.pt and early stopping compare its scores; resume with the same file or use a new --out"
+            )
         # A resumed checkpoint's head and packing against the run's data and config (a label list edited in the
         # file failed with a KeyError at the first batch, after the logs were opened)
         for what, ours, theirs in (
