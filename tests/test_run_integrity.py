@@ -194,6 +194,8 @@ def _damage(state: dict, how: str) -> None:
         weights[name] = weights[name].long()  # loaded as its truncated values: zeros
     elif how == "nan":
         weights[name][0, 0] = float("nan")
+    elif how == "valid_fingerprint":
+        state["valid_fingerprint"] = ["not", "a", "hash"]
     elif how == "moments":
         first = next(iter(state["optimizer"]["state"].values()))
         first["exp_avg"] = torch.zeros(3)
@@ -274,6 +276,7 @@ def _damage(state: dict, how: str) -> None:
         ("interval_tokens", "holds tokens = -1, where a count"),
         ("interval_seconds", "holds seconds = '1.5', where a time in seconds"),
         ("interval_grad_norm", "holds grad_norm = nan"),
+        ("valid_fingerprint", "valid_fingerprint (a hash)"),
     ],
 )
 def test_a_damaged_last_pt_is_refused_on_resume(tmp_path, finished_run, how, fragment):
@@ -685,3 +688,66 @@ def test_a_run_refused_once_its_data_are_tokenised_leaves_its_folder_as_it_found
     before = snapshot(many)
     one_line_error(train(cfg, many, "--resume", "auto", "--set", "data.max_len=1"), "data.max_len")
     assert snapshot(many) == before
+
+
+def test_a_resume_refuses_changed_validation_text(tmp_path):
+    """best.pt and early stopping compare validation scores across a resume: the validation text changed between
+    the two (a line appended) would compare scores on two sets. Refused, as changed training text is; the
+    test split may change. (A checkpoint saved before the hash was kept resumes as before.)"""
+    data = toy_subset(tmp_path / "data", train=200, valid=10)
+    cfg, run = config(tmp_path, data, steps=2), tmp_path / "run"
+    assert train(cfg, run).returncode == 0
+    original = (data / "val.src").read_bytes()
+    (data / "val.src").write_bytes(original + b"ein neuer satz\n")
+    (data / "val.tgt").write_bytes((data / "val.tgt").read_bytes() + b"a new sentence\n")
+    before = snapshot(run)
+    refused = train(cfg, run, "--resume", "auto", "--set", "train.max_steps=4")
+    one_line_error(refused, "the validation data (val.src, val.tgt) differ from those", "compared by sha256")
+    assert snapshot(run) == before
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    del state["valid_fingerprint"]  # as a checkpoint of an earlier tcli
+    torch.save(state, run / "checkpoints" / "last.pt")
+    assert train(cfg, run, "--resume", "auto", "--set", "train.max_steps=4").returncode == 0
+
+
+def test_the_validation_hash_is_that_of_the_validation_files_in_both_tasks_and_from_a_preprocessed_folder(
+    tmp_path, data
+):
+    from transformer_cli.config import BertRunConfig, TranslationRunConfig, load_config
+    from transformer_cli.tasks.bert_setup import BertSetup
+    from transformer_cli.tasks.translation_setup import TranslationSetup
+
+    def valid_hash(setup_type, cfg):
+        setup = setup_type(cfg)
+        setup.read_data()
+        return setup.valid_fingerprint()
+
+    def append(path: Path, line: bytes) -> None:
+        path.write_bytes(path.read_bytes() + line)
+
+    copy = tmp_path / "copy"
+    shutil.copytree(data, copy)
+    path = config(tmp_path, copy)
+    cfg = load_config(TranslationRunConfig, path)
+    first = valid_hash(TranslationSetup, cfg)
+    for name in ("train", "test"):  # not validation text
+        append(copy / f"{name}.src", b"x\n")
+        append(copy / f"{name}.tgt", b"y\n")
+    assert valid_hash(TranslationSetup, cfg) == first
+    append(copy / "val.src", b"x\n")
+    append(copy / "val.tgt", b"y\n")
+    changed = valid_hash(TranslationSetup, cfg)
+    assert changed != first
+    pre = tmp_path / "pre"
+    result = run_tcli("preprocess", "-q", "--config", str(path), "--out", str(pre))
+    assert result.returncode == 0, result.stderr
+    from_folder = load_config(TranslationRunConfig, path, [f"data.preprocessed={pre}"])
+    assert valid_hash(TranslationSetup, from_folder) == changed  # the manifest's hashes of the same files
+    text = tmp_path / "bert"
+    shutil.copytree(ROOT / "data" / "bert_toy", text)
+    bert = load_config(BertRunConfig, None, [f"data.dir={text}", "train.max_steps=1"])
+    before = valid_hash(BertSetup, bert)
+    append(text / "train.txt", b"\nMore text here. And more.\n")
+    assert valid_hash(BertSetup, bert) == before
+    append(text / "valid.txt", b"\nMore text here. And more.\n")
+    assert valid_hash(BertSetup, bert) != before

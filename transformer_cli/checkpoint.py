@@ -199,6 +199,8 @@ def check_resumable(ckpt: Checkpoint) -> None:
     ]
     if "rng" not in missing and not {"torch", "python"} <= set(state["rng"]):
         missing.append("rng.torch / rng.python")
+    if not isinstance(state.get("valid_fingerprint", ""), str):  # (absent: saved before it was kept)
+        missing.append("valid_fingerprint (a hash)")
     best = train_state.get("best")
     if "train_state" not in missing and not (best is None or finite_number(best)):
         missing.append("train_state.best (a number or null)")

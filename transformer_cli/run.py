@@ -9,6 +9,7 @@ the vocabulary, the logs); then train. A refused run changes nothing on disk.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -384,6 +385,8 @@ class TaskSetup(Protocol):
     def resuming(self, ckpt: Checkpoint) -> None: ...  # told the checkpoint a resume continues, before any check
     def read_data(self) -> None: ...  # check the data can be read (before anything is written)
     def data_fingerprint(self) -> str: ...  # a hash of the training files
+    def valid_fingerprint(self) -> str: ...  # a hash of the validation files (best.pt compares scores on them)
+    def valid_names(self) -> list[str]: ...  # their names
     def count_parameters(self) -> tuple[int, int]: ...  # (parameters, other elements) from the config
     def vocab_files(self) -> list[str]: ...  # names of the vocabulary's .model files, e.g. ["joint"]
     def vocab_paths(self, folder: Path) -> list[Path]: ...  # the vocabulary's files in `folder`
@@ -442,6 +445,17 @@ class SetupBase:
                 self._manifest.split(name)
         return self._manifest
 
+    def valid_fingerprint(self) -> str:
+        """The sha256 of the validation split's text files, from the preprocessed folder's manifest (its sources)
+        or from read_data's read of them."""
+        manifest = self.preprocessed()
+        sources = (manifest.data.get("sources") or {}) if manifest is not None else self.sources()
+        hashes = {name: (sources.get(name) or {}).get("sha256") for name in self.valid_names()}
+        return hashlib.sha256(json.dumps(hashes, sort_keys=True).encode()).hexdigest()
+
+    def valid_names(self) -> list[str]:
+        raise NotImplementedError
+
     def sources(self) -> dict[str, Any]:
         if self._sources is None:
             self._sources = {p.name: self._read.get(p) or describe_file(p) for p in self.source_files()}
@@ -486,6 +500,13 @@ def run_training(
                 raise UserError(f"{e}: remove or repair that line (one event per line), then resume") from None
         check_training_memory(*setup.count_parameters(), runtime.device)
         setup.read_data()
+        saved_valid = ckpt.state.get("valid_fingerprint") if ckpt is not None else None  # (None: saved before it)
+        if saved_valid is not None and saved_valid != setup.valid_fingerprint():
+            raise UserError(
+                f"the validation data ({', '.join(setup.valid_names())}) differ from those {ckpt.path} was evaluated "
+                "on (compared by sha256): best.pt and early stopping compare scores on them; resume with the same "
+                "files or use a new --out"
+            )
         data_folder = directory.path / "data"
         if runtime.is_main:
             vocabs = choose_vocab(directory.path, setup, ckpt, quiet)  # refusals come here, before any write
@@ -504,6 +525,7 @@ def run_training(
             task = setup.make_task(vocabs, data, runtime, quiet)
             trainer = Trainer(task, setup.train_config(task), run_dir, runtime, quiet)
             trainer.on_saved = directory.saved
+            trainer.run_meta = {"valid_fingerprint": setup.valid_fingerprint()}
             if ckpt is not None:
                 try:
                     trainer.restore(ckpt)

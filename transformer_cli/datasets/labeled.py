@@ -88,9 +88,12 @@ class LabelledData:
     def fingerprint(self) -> str:
         return _hash_files(self.files)
 
+    def valid_files(self) -> list[Path]:
+        return [self.valid_path, *(self.valid_path.with_name(f"{s}.tsv") for s in self.more_valid)]
+
     def valid_fingerprint(self) -> str:
         """The hash of the dev file(s): best.pt and early stopping compare scores on them across a resume."""
-        return _hash_files([self.valid_path, *(self.valid_path.with_name(f"{s}.tsv") for s in self.more_valid)])
+        return _hash_files(self.valid_files())
 
 
 def _hash_files(paths: Iterable[Path]) -> str:

@@ -103,6 +103,9 @@ class BertSetup(SetupBase):
     def source_files(self) -> list[Path]:
         return list(self.paths.values())
 
+    def valid_names(self) -> list[str]:
+        return [self.paths["valid"].name]
+
     def data_fingerprint(self) -> str:
         if self._fingerprint is None:
             manifest = self.preprocessed()

@@ -54,7 +54,7 @@ class FinetuneTask:
         self.train = features_of(meta, data.train)
         self.valid = features_of(meta, data.valid)
         self.more_valid = {split: features_of(meta, examples) for split, examples in data.more_valid.items()}
-        self.fingerprint, self.valid_fingerprint = data.fingerprint(), data.valid_fingerprint()
+        self.fingerprint = data.fingerprint()
         self._plan: tuple[int, list[list[int]]] | None = None
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
@@ -104,5 +104,4 @@ class FinetuneTask:
             "config": self.cfg.model_dump(mode="json"),
             "finetune": {**self.meta.state(), "metrics": list(self.data.metrics)},
             "data_fingerprint": self.fingerprint,
-            "valid_fingerprint": self.valid_fingerprint,
         }

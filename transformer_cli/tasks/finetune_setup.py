@@ -338,7 +338,6 @@ class FinetuneSetup(SetupBase):
         self.meta: FinetuneMeta | None = None
         self.weights: dict[str, Tensor] | None = None  # the starting encoder's (None: random, or resumed)
         self.described = ""
-        self._resumed_valid: tuple[str | None, Path | None] = (None, None)
 
     @property
     def data(self) -> LabelledData:
@@ -348,7 +347,6 @@ class FinetuneSetup(SetupBase):
 
     def resuming(self, ckpt: Checkpoint) -> None:
         self.meta, self.weights, self.described = ckpt.finetune, None, f"resumed {ckpt.path}"
-        self._resumed_valid = ckpt.state.get("valid_fingerprint"), ckpt.path  # (None: saved before it was kept)
 
     def model_meta(self) -> FinetuneMeta:
         """The model to train: the checkpoint's when resuming, else `model.init` (read here, once)."""
@@ -371,12 +369,6 @@ class FinetuneSetup(SetupBase):
 
     def read_data(self) -> None:
         meta, t = self.model_meta(), self.cfg.train
-        saved, path = self._resumed_valid
-        if saved is not None and saved != self.data.valid_fingerprint():
-            raise UserError(
-                f"the validation data differ from those {path} was evaluated on ({self.data.valid_path}, compared by "
-                "sha256): best.pt and early stopping compare its scores; resume with the same file or use a new --out"
-            )
         # A resumed checkpoint's head and packing against the run's data and config (a label list edited in the
         # file failed with a KeyError at the first batch, after the logs were opened)
         for what, ours, theirs in (
@@ -395,6 +387,12 @@ class FinetuneSetup(SetupBase):
             )
         if t.warmup_ratio and not t.warmup_steps and not (t.max_steps or t.max_epochs):
             raise UserError("train.warmup_ratio needs train.max_steps or train.max_epochs (or set train.warmup_steps)")
+
+    def valid_fingerprint(self) -> str:
+        return self.data.valid_fingerprint()
+
+    def valid_names(self) -> list[str]:
+        return [p.name for p in self.data.valid_files()]
 
     def data_fingerprint(self) -> str:
         if self._fingerprint is None:

@@ -98,6 +98,10 @@ class TranslationSetup(SetupBase):
     def source_files(self) -> list[Path]:
         return [p for s in self.split_files() for p in (s.src, s.tgt)]
 
+    def valid_names(self) -> list[str]:
+        d = self.cfg.data
+        return [p.name for p in split_paths(d.dir, d.valid, d.src_lang, d.tgt_lang)]
+
     def data_fingerprint(self) -> str:
         if self._fingerprint is None:
             manifest = self.preprocessed()

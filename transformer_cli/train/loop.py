@@ -251,6 +251,7 @@ class Trainer:
         self.nonfinite_steps: list[int] = []  # the current run of updates skipped for NaN/inf gradients
         self.interval = _Interval()  # the updates since the last train event
         self.on_saved: Callable[[int], None] = lambda step: None  # told after each write of last.pt
+        self.run_meta: dict[str, Any] = {}  # what the run adds to each checkpoint (the dev data's hash)
         self._seed_ranks()
 
     def restore(self, ckpt: Checkpoint) -> None:
@@ -546,6 +547,7 @@ class Trainer:
             {
                 "tcli": {"kind": self.task.kind, "version": __version__},
                 **self.task.checkpoint_meta(),
+                **self.run_meta,
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
