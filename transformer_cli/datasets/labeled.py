@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformer_cli.datasets.text import BOM, decode_utf8, first_non_text, read_error, text_error
+from transformer_cli.datasets.text import BOM, decode_text, decode_utf8, read_error, text_error
 from transformer_cli.errors import UserError, quote
 from transformer_cli.files import check_file
 
@@ -488,9 +488,10 @@ def _lines(path: Path) -> list[str]:
 def _decode(path: Path) -> str:
     """The whole text (for the csv module, whose quoted fields may span lines), BOM dropped."""
     data = _read_bytes(path)
-    if (bad := first_non_text(data)) >= 0:  # (a NUL: the csv module refuses it too, naming no line)
+    text, bad = decode_text(data)
+    if bad >= 0:  # (a NUL: the csv module refuses it too, naming no line)
         raise text_error(str(path), data.count(b"\n", 0, bad) + 1, data[bad])
-    return data.decode("utf-8").removeprefix(BOM)
+    return text.removeprefix(BOM)
 
 
 def _read_tsv(

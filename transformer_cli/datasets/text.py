@@ -64,9 +64,10 @@ def read_error(e: OSError, path: str | Path) -> UserError:
 def decode_utf8(data: bytes, name: str) -> list[str]:
     """Split UTF-8 bytes into lines (\n or \r\n, or \r alone in a file without \n, as old Mac files have;
     a leading BOM dropped); errors name `name` and the line."""
-    if (bad := first_non_text(data)) >= 0:
+    text, bad = decode_text(data)
+    if bad >= 0:
         raise text_error(name, data.count(b"\n", 0, bad) + 1, data[bad])
-    text = data.decode("utf-8").removeprefix("\ufeff")
+    text = text.removeprefix("\ufeff")
     if "\n" not in text and "\r" in text:
         text = text.replace("\r", "\n")
     lines = text.split("\n")
@@ -86,18 +87,20 @@ def nul_byte(name: str, line: int) -> UserError:
     )
 
 
-def first_non_text(data: bytes) -> int:
-    """The offset of the first byte that is no text (invalid UTF-8, or NUL), or -1."""
-    nul = data.find(b"\0")
+def decode_text(data: bytes) -> tuple[str, int]:
+    """(the UTF-8 text of `data`, -1), or ("", the offset of its first byte that is no text: invalid UTF-8 or a
+    NUL, whichever comes first). One decode: it is the check and the text."""
     try:
-        data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        return e.start if nul < 0 else min(e.start, nul)
-    return nul
+        nul = data.find(b"\0", 0, e.start)
+        return "", e.start if nul < 0 else nul
+    nul = data.find(b"\0")
+    return (text, -1) if nul < 0 else ("", nul)
 
 
 def text_error(name: str, line: int, byte: int) -> UserError:
-    """The error for the byte `first_non_text` found on `line`."""
+    """The error for the byte `decode_text` found on `line`."""
     return nul_byte(name, line) if byte == 0 else invalid_utf8(name, line, byte)
 
 
@@ -237,13 +240,13 @@ class LineReader:
 
     def _decode(self, data: bytes, last: bool = False) -> None:
         """Decodes `data`, whole lines joined by the line ending; `last`: the input's unended end."""
-        if (bad := first_non_text(data)) >= 0:  # the lines before it are given, then the error
+        text, bad = decode_text(data)
+        if bad >= 0:  # the lines before it are given, then the error
             self._error = text_error(self.name, self.lines_read + data.count(self._sep, 0, bad) + 1, data[bad])
             good = data.rfind(self._sep, 0, bad)  # the end of the last whole line before it
             if good >= 0:
                 self._decode(data[:good])
             return
-        text = data.decode("utf-8")
         if self.lines_read == 0:
             text = text.removeprefix(BOM)
         if last and not text:
@@ -366,7 +369,7 @@ def index_lines(path: str | Path, block: int, chunk_bytes: int = 1 << 22, also: 
                 data = carry + chunk
                 end = data.rfind(sep) + 1 if chunk else len(data)  # whole lines only, until the end
                 whole, carry = data[:end], data[end:]
-                if (bad := first_non_text(whole)) >= 0:
+                if (bad := decode_text(whole)[1]) >= 0:
                     raise text_error(str(path), lines + whole.count(sep, 0, bad) + 1, whole[bad])
                 for at in range(0, len(whole), 1 << 18):  # counted a piece at a time; located only where a block starts
                     piece = whole[at : at + (1 << 18)]
