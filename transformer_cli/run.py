@@ -95,11 +95,7 @@ class RunDirectory:
         if self._lock_fd is None:
             return
         if self._created and not self.started:
-            (self.path / LOCK).unlink(missing_ok=True)
-            try:
-                self.path.rmdir()
-            except OSError:
-                pass
+            _remove_made_folder(self.path)
         unlock_directory(self._lock_fd, wrote=self.started)
         self._lock_fd = None
 
@@ -258,6 +254,15 @@ def _bytes_or_none(path: Path) -> bytes | None:
         return path.read_bytes()
     except OSError:
         return None
+
+
+def _remove_made_folder(folder: Path) -> None:
+    """A folder a refused command made, holding only its lock file: removed (left where something else came in)."""
+    (folder / LOCK).unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 def _empty_but_the_lock(folder: Path) -> None:
@@ -500,8 +505,9 @@ def run_training(
                 raise UserError(f"{e}: remove or repair that line (one event per line), then resume") from None
         check_training_memory(*setup.count_parameters(), runtime.device)
         setup.read_data()
+        valid_hash = setup.valid_fingerprint()  # (fine-tuning hashes its dev files for it: once)
         saved_valid = ckpt.state.get("valid_fingerprint") if ckpt is not None else None  # (None: saved before it)
-        if saved_valid is not None and saved_valid != setup.valid_fingerprint():
+        if saved_valid is not None and saved_valid != valid_hash:
             raise UserError(
                 f"the validation data ({', '.join(setup.valid_names())}) differ from those {ckpt.path} was evaluated "
                 "on (compared by sha256): best.pt and early stopping compare scores on them; resume with the same "
@@ -525,7 +531,7 @@ def run_training(
             task = setup.make_task(vocabs, data, runtime, quiet)
             trainer = Trainer(task, setup.train_config(task), run_dir, runtime, quiet)
             trainer.on_saved = directory.saved
-            trainer.run_meta = {"valid_fingerprint": setup.valid_fingerprint()}
+            trainer.run_meta = {"valid_fingerprint": valid_hash}
             if ckpt is not None:
                 try:
                     trainer.restore(ckpt)
@@ -839,8 +845,4 @@ def run_preprocess(setup: TaskSetup, out: Path, force: bool = False, quiet: bool
     finally:
         unlock_directory(fd, wrote)
         if created and not wrote:
-            (out / LOCK).unlink(missing_ok=True)
-            try:
-                out.rmdir()
-            except OSError:
-                pass
+            _remove_made_folder(out)
