@@ -29,7 +29,7 @@ class OptionsOnce(TyperCommand):
     """
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
-        from transformer_cli.errors import UserError
+        from transformer_cli.errors import DECIMAL, UserError
 
         values, extra, order = self.make_parser(ctx).parse_args(args=list(args))  # order: each option as given
         seen = set()
@@ -47,9 +47,7 @@ class OptionsOnce(TyperCommand):
             if getattr(param, "type_descriptor", None) is None or not isinstance(raw, str):
                 continue
             if param.type_descriptor.annotation in (int, float):
-                if not re.fullmatch(
-                    r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:inf|nan)", raw, re.I
-                ):
+                if not (DECIMAL.fullmatch(raw) or re.fullmatch(r"[-+]?(inf|nan)", raw, re.I)):
                     like = "an integer, like 30" if param.type_descriptor.annotation is int else "a number, like 0.6"
                     raise UserError(f"{param.opts[0]} {raw!r}: write {like}, in decimal digits")
         files = {param.opts[0] for param in options if param.metavar == "FILE"}  # a file to write: it may be new

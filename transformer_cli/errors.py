@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
+
+# A number as a person writes it in decimal digits: what float() and int() also read as 3_0 (30), " 5" or an
+# Arabic-Indic digit is refused where this is asked (a regression label, a number option).
+DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
 class UserError(Exception):

@@ -18,7 +18,6 @@ import io
 import json
 import math
 import os
-import re
 import stat
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_cli.datasets.text import BOM, decode_text, decode_utf8, read_error, text_error
-from transformer_cli.errors import UserError, quote
+from transformer_cli.errors import DECIMAL, UserError, quote
 from transformer_cli.files import check_file
 
 KINDS = ("classification", "regression")
@@ -406,7 +405,7 @@ def look_alike(labels: Sequence[str]) -> list[tuple[str, str]]:
     return [(group[0], group[1]) for group in groups.values() if len(group) > 1]
 
 
-def check_scorable(kind: str, metrics: Sequence[str], dev: dict[Path, list[Any]]) -> None:
+def check_scorable(kind: str, metrics: Sequence[str], dev: dict[Path | str, list[Any]]) -> None:
     """A dev set (or a file tcli evaluate scores) on which a chosen metric is the same for every model: Pearson
     and Spearman of one gold score are undefined (0 here), MCC of one class is 0. best.pt would be chosen on
     that constant, and evaluate would print it as a score."""
@@ -586,9 +585,6 @@ def _text(path: Path, line: int, value: object, what: str) -> str:
     return value
 
 
-_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)  # a number as written in data
-
-
 def _label(path: Path, line: int, value: object, kind: str) -> str | float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise UserError(f"{path}:{line}: missing label; give every example a label (or read the file without labels)")
@@ -599,7 +595,7 @@ def _label(path: Path, line: int, value: object, kind: str) -> str | float:
     try:
         if isinstance(value, bool):
             raise TypeError
-        if isinstance(value, str) and not _DECIMAL.fullmatch(value.strip()):
+        if isinstance(value, str) and not DECIMAL.fullmatch(value.strip()):
             raise ValueError  # float() also reads "1_0" as 10 and full-width digits
         number = float(value.strip() if isinstance(value, str) else value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
