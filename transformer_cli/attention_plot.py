@@ -81,7 +81,7 @@ SIGNATURES = {
 
 def check_image_replaceable(path: Path, fmt: str, option: str) -> None:
     """A one-line error, before drawing, when `path` holds a file that is not an image of `fmt` (a checkpoint
-    copied to a name without an extension): plot and --attention replace only their own earlier images."""
+    copied to a name without an extension): tcli plot replaces only an earlier image of its own."""
     try:
         with open(path, "rb") as f:
             head = f.read(16)

@@ -210,7 +210,7 @@ def _evaluate_finetuned(
     sets = _labelled_examples(ckpt, split, input_path, data_dir)
     result: dict[str, Any] = {"data": split if split is not None else str(input_path)}
     for i, (name, examples) in enumerate(sets.items()):
-        check_scorable(meta.kind, metrics, {input_path if split is None else Path(f"--split {name}"): examples})
+        check_scorable(meta.kind, metrics, {input_path if split is None else f"--split {name}": examples})
         scores, _ = evaluate_examples(model, meta, metrics, examples, None, runtime, refuse_non_finite=str(ckpt.path))
         prefix = "" if i == 0 else f"{name}/"
         result.update({f"{prefix}examples": len(examples), **{f"{prefix}{k}": v for k, v in scores.items()}})
