@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_cli.metrics_file import read_metrics
+from transformer_cli.core.metrics_log import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # as when run as a script: its peers import by name
 from gpu_measure import bert_train_flops, mfu, translation_train_flops  # noqa: E402  (one FLOPs/MFU definition)
@@ -292,7 +292,7 @@ def machine() -> dict:
     except OSError:
         pass
     cpu = model or platform.processor() or "CPU"
-    from transformer_cli.runtime import resolve_precision
+    from transformer_cli.runtime.device import resolve_precision
 
     isa = [flag for flag in ISA_FLAGS if flag in flags]
     return {

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_cli.metrics_file import read_metrics
+from transformer_cli.core.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["train.schedule=inverse_sqrt", "train.max_steps=1000000", "train.eval_every=500", "train.log_every=100"]
@@ -56,12 +56,12 @@ def run_hf(config: Path, data_dir: Path, minutes: float, out: Path, vocab_path: 
     """The same loop as tcli's trainer around transformers.BertForPreTraining."""
     import transformers
 
+    from transformer_cli.bert.task import BertTask
     from transformer_cli.config import BertRunConfig, load_config
-    from transformer_cli.datasets.shards import read_manifest
-    from transformer_cli.hf import hf_config
-    from transformer_cli.tasks.bert import BertTask
+    from transformer_cli.data.shards import read_manifest
+    from transformer_cli.export.hf import hf_config
     from transformer_cli.train.optim import lr_factor
-    from transformer_cli.vocab import Vocab
+    from transformer_cli.vocab.spm import Vocab
 
     cfg = load_config(BertRunConfig, config, [f"data.dir={data_dir}", *COMMON])
     vocab = Vocab.load(vocab_path)  # the very vocabulary of our run
@@ -116,8 +116,8 @@ def run_hf(config: Path, data_dir: Path, minutes: float, out: Path, vocab_path: 
 @torch.inference_mode()
 def evaluate_hf(model, task, autocast) -> dict:
     """BertTask.evaluate's numbers (same held-out batches and masks) from the HF model's logits."""
-    from transformer_cli.datasets.bert import IGNORE
-    from transformer_cli.validation import held_out_batches
+    from transformer_cli.bert.validation import held_out_batches
+    from transformer_cli.data.bert import IGNORE
 
     model.eval()
     cfg = task.cfg

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from transformer_cli.checkpoint import read_checkpoint
-from transformer_cli.datasets.text import read_lines
-from transformer_cli.decode import DecodeOptions
-from transformer_cli.scores import bleu
-from transformer_cli.translate import Translator
+from transformer_cli.core.text import read_lines
+from transformer_cli.metrics.bleu import bleu
+from transformer_cli.translation.decode import DecodeOptions
+from transformer_cli.translation.translate import Translator
 
 
 def max_log_prob_diff(model, translator, src_vocab, tgt_vocab, sources, references) -> float:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_cli.datasets.labeled import GLUE_TASKS, read_glue
+from transformer_cli.data.labeled import GLUE_TASKS, read_glue
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # as when run as a script: its sibling imports by name
 from benchmark import PEERS, SHARED, events, machine, overrides, peer, run, steady, tcli  # noqa: E402

@@ -10,7 +10,7 @@ out-of-memory, a hang) is recorded and the others still run:
 - train_translation_base, train_bert_base, train_bert_large: bf16 training throughput of tcli's own
   models (built from the count-params presets by `transformer_cli.models.builders`) on synthetic
   random token batches: tokens/s, sequences/s, peak GPU memory, model FLOPs utilisation;
-- decode_beam5: beam-5 decoding tokens/s of a transformer-base-size model (`transformer_cli.decode`);
+- decode_beam5: beam-5 decoding tokens/s of a transformer-base-size model (`transformer_cli.translation.decode`);
 - tests: the test suite with CUDA visible (`pytest -v`, on pytest-xdist workers where it is installed),
   under the time that is left (every failure named).
 

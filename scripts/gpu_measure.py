@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from transformer_cli.vocab.spm import BOS_ID, EOS_ID
+
 # bf16 dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s. A name matches the
 # first entry whose key it contains, so the more specific names come first.
 BF16_DENSE_TFLOPS: list[tuple[str, float]] = [
@@ -238,8 +240,8 @@ def _fit_batch(
 
 def _train_setup(preset: str, overrides: list[str], vocab: int, device: torch.device, precision: str):
     """The run config of a count-params preset (with --set style overrides) and tcli's Runtime."""
-    from transformer_cli.params import preset_config
-    from transformer_cli.runtime import Runtime
+    from transformer_cli.runtime.device import Runtime
+    from transformer_cli.tools.count_params import preset_config
 
     cfg = preset_config(preset, [f"vocab.size={vocab}", *overrides])
     runtime = Runtime.create(str(device), precision)
@@ -353,7 +355,6 @@ def measure_translation(
     """
     from transformer_cli.models.builders import build_transformer
     from transformer_cli.train.optim import build_optimizer
-    from transformer_cli.vocab import BOS_ID, EOS_ID
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     device = torch.device(device)
@@ -452,7 +453,7 @@ def measure_bert_data(
     process between steps, so this is time the GPU step has to hide or wait for."""
     import random
 
-    from transformer_cli.datasets.bert import SpecialIds, make_batch, make_instances
+    from transformer_cli.data.bert import SpecialIds, make_batch, make_instances
 
     rng = random.Random(seed)
     docs = [
@@ -591,9 +592,8 @@ def measure_decode(
     where beam search forces EOS. Every sentence then decodes exactly out_len tokens (EOS included);
     `all_full_length` checks it. The model is cast to the autocast dtype, as `tcli translate` does.
     """
-    from transformer_cli.decode import beam_search
     from transformer_cli.models.builders import build_transformer
-    from transformer_cli.vocab import BOS_ID, EOS_ID
+    from transformer_cli.translation.decode import beam_search
 
     device = torch.device(device)
     start = time.perf_counter()  # budget_s counts from here, model building included

@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformer_cli.kernel_shapes import (  # noqa: E402
+from transformer_cli.runtime.device import Runtime  # noqa: E402
+from transformer_cli.runtime.kernel_shapes import (
     GemmShapes,
     created_again,
     creation_ms,
@@ -35,7 +36,6 @@ from transformer_cli.kernel_shapes import (  # noqa: E402
     onednn_creations,
     summary,
 )
-from transformer_cli.runtime import Runtime  # noqa: E402
 
 VOCAB, PAD, BOS, EOS = 1000, 0, 2, 3
 
@@ -54,7 +54,7 @@ def train_step(model, loss_of, optimizer, runtime: Runtime) -> None:
 
 
 def translation(runtime: Runtime, pairs: int, max_tokens: int) -> dict:
-    from transformer_cli.datasets.translation import ParallelData, collate, token_batches
+    from transformer_cli.data.translation import ParallelData, collate, token_batches
     from transformer_cli.models.transformer import Transformer
 
     rng = np.random.default_rng(0)
@@ -78,7 +78,7 @@ def translation(runtime: Runtime, pairs: int, max_tokens: int) -> dict:
 
 
 def bert(runtime: Runtime, docs: int, batch_size: int) -> dict:
-    from transformer_cli.datasets.bert import SpecialIds, length_batches, make_batch, make_instances
+    from transformer_cli.data.bert import SpecialIds, length_batches, make_batch, make_instances
     from transformer_cli.models.bert import Bert
 
     rng, nrng = random.Random(0), np.random.default_rng(0)
@@ -107,8 +107,8 @@ def finetune(runtime: Runtime, examples: int) -> dict:
     """Sentence-pair classification with `tcli finetune`'s batches (length-bucketed, `finetuned.batch_width`) and
     its dev evaluation (`predict_logits`) after each epoch: MRPC's size and length mix (pairs of ~65 pieces, up
     to max_seq_len 128)."""
-    from transformer_cli.datasets.bert import length_batches
-    from transformer_cli.finetuned import EVAL_ROWS, Features, batch_width, collate, length_order, predict_logits
+    from transformer_cli.data.bert import length_batches
+    from transformer_cli.kinds.finetuned import EVAL_ROWS, Features, batch_width, collate, length_order, predict_logits
     from transformer_cli.models.bert import Bert
     from transformer_cli.models.heads import BertClassifier
 
@@ -136,8 +136,8 @@ def finetune(runtime: Runtime, examples: int) -> dict:
 
 
 def beam(runtime: Runtime, sentences: int) -> dict:
-    from transformer_cli.decode import DecodeOptions, decode_corpus
     from transformer_cli.models.transformer import Transformer
+    from transformer_cli.translation.decode import DecodeOptions, decode_corpus
 
     torch.manual_seed(0)
     model = Transformer(VOCAB, VOCAB, 64, 4, 128, 2, 2, dropout=0.0).eval()

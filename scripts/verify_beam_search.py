@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from transformer_cli.datasets.text import read_lines
-from transformer_cli.decode import DecodeOptions, decode_corpus, reference_beam_search
-from transformer_cli.translate import Translator
-from transformer_cli.vocab import BOS_ID, EOS_ID
+from transformer_cli.core.text import read_lines
+from transformer_cli.translation.decode import DecodeOptions, decode_corpus, reference_beam_search
+from transformer_cli.translation.translate import Translator
+from transformer_cli.vocab.spm import BOS_ID, EOS_ID
 
 
 def main() -> int:

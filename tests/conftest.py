@@ -11,6 +11,7 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,6 +64,33 @@ def pytest_report_header(config: pytest.Config) -> str:
 # Bitwise equality of two trainings (exact resume, the same batches either way) is promised on CPU; the tests of it
 # pin the CPU so that they keep testing that promise where CUDA is visible (scripts/gpu_check.sh).
 ON_CPU = ("--device", "cpu")
+
+
+def one_line_error(outcome: Any, *fragments: str) -> str:
+    """The one error line a user is promised for a mistake, checked: exit code 2, the last line of stderr is
+    the only one that starts with "error: ", no traceback, and each of `fragments` is in it. Returns the line.
+
+    `outcome`: a CompletedProcess (`run_tcli`, `run_tcli_process`), an (exit code, stderr) pair (Typer's
+    CliRunner), or the ExceptionInfo of a `UserError` from `pytest.raises` (a library call, no process), whose
+    message must be one line.
+    """
+    if isinstance(outcome, pytest.ExceptionInfo):
+        from transformer_cli.core.errors import UserError
+
+        assert isinstance(outcome.value, UserError), repr(outcome.value)
+        line = str(outcome.value)
+        assert line and "\n" not in line, line
+    else:
+        code, err = (outcome.returncode, outcome.stderr) if hasattr(outcome, "returncode") else outcome
+        assert code == 2, (code, err)
+        assert "Traceback" not in err and "internal error" not in err, err
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert lines and lines[-1].startswith("error: "), err
+        assert [x for x in lines if x.startswith("error:")] == lines[-1:], err
+        line = lines[-1]
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    return line
 
 
 def run_tcli(*args: str, cwd: Path | None = None, input: str | None = None) -> subprocess.CompletedProcess:
@@ -145,12 +173,13 @@ def run_tcli_without_torch(*args: str) -> subprocess.CompletedProcess:
 
 KILLER = """
 import os, signal, sys
-from transformer_cli.train import loop, metrics
-from transformer_cli import files
+from transformer_cli.train import loop
+from transformer_cli.core import metrics_log
+from transformer_cli.core import files
 MODE, KILL_STEP = sys.argv[1], int(sys.argv[2])
 die = lambda: os.kill(os.getpid(), signal.SIGKILL)
 original_step, original_replace, original_write = loop.Trainer.train_step, os.replace, loop.write_atomic
-original_log, original_evaluate = metrics.MetricsLog.log, loop.Trainer._evaluate_here
+original_log, original_evaluate = metrics_log.MetricsLog.log, loop.Trainer._evaluate_here
 def train_step(self, *args, **kwargs):
     if MODE == "step" and self.state.step == KILL_STEP:
         die()
@@ -179,10 +208,10 @@ def evaluate_here(self):
         die()
     return original_evaluate(self)
 loop.Trainer.train_step, loop.write_atomic, loop.Trainer._evaluate_here = train_step, write_atomic, evaluate_here
-metrics.MetricsLog.log = log
+metrics_log.MetricsLog.log = log
 files.os.replace = replace  # the rename inside write_atomic
 if MODE == "test":
-    from transformer_cli.tasks import translation
+    from transformer_cli.translation import task as translation
     translation.TranslationTask.final_report = lambda *a, **k: die()
 from transformer_cli.cli import main
 sys.argv = ["tcli", *sys.argv[3:]]
@@ -236,8 +265,8 @@ def toy_subset(folder: Path, train: int, valid: int, newline: str = "\n") -> Pat
 @pytest.fixture(scope="session")
 def toy_vocab():
     """A small joint sentencepiece vocabulary over the bundled toy corpus (trained once)."""
-    from transformer_cli.datasets.text import read_lines
-    from transformer_cli.vocab import train_vocab
+    from transformer_cli.core.text import read_lines
+    from transformer_cli.vocab.spm import train_vocab
 
     lines = read_lines(TOY / "train.src") + read_lines(TOY / "train.tgt")
     return train_vocab(lines, size=200)

@@ -14,11 +14,10 @@ import pytest
 import torch
 
 from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config
-from transformer_cli.errors import UserError
-from transformer_cli.metrics_file import read_metrics
+from transformer_cli.core.errors import UserError
+from transformer_cli.core.metrics_log import read_metrics
 
-from .conftest import ROOT, TOY, run_tcli, toy_subset
-from .test_train_translate import one_line_error
+from .conftest import ROOT, TOY, one_line_error, run_tcli, toy_subset
 
 # ----------------------------------------------------------------------------- bad checkpoints
 
@@ -133,8 +132,8 @@ def test_translate_answers_every_bad_checkpoint_with_one_line(tmp_path, good, ho
 def test_library_loading_is_one_line_for_every_command(tmp_path, good, how):
     """The one validation path (read_checkpoint + build_model) every loading command uses, in-process."""
     from transformer_cli.checkpoint import read_checkpoint
-    from transformer_cli.hf import export_hf
-    from transformer_cli.params import count_checkpoint
+    from transformer_cli.export.hf import export_hf
+    from transformer_cli.tools.count_params import count_checkpoint
 
     path = write_case(tmp_path, good, how)
     with pytest.raises(UserError) as err:
@@ -238,8 +237,8 @@ QUICK_CASES = 12
     ],
 )
 def test_every_numeric_key_fails_cleanly_or_runs_normally(tmp_path, kind, every):
-    from transformer_cli.tasks.bert_setup import pretrain_bert
-    from transformer_cli.tasks.translation_setup import train_translation
+    from transformer_cli.bert.setup import pretrain_bert
+    from transformer_cli.translation.setup import train_translation
 
     schema = TranslationRunConfig if kind == "translation" else BertRunConfig
     base = json.loads(json.dumps(TRANSLATION_BASE if kind == "translation" else BERT_BASE))

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from transformer_cli.config import TranslationRunConfig, dump_config, load_config, parse_overrides, yaml_load
-from transformer_cli.errors import UserError
+from transformer_cli.core.errors import UserError
 
 from .conftest import ROOT
 
@@ -160,8 +160,8 @@ def test_yaml_1_1_number_forms_are_text_not_silently_other_numbers(tmp_path, wri
 )
 def test_finetune_metrics_that_cannot_score_the_task_are_config_errors(tmp_path, kind, metrics, expected):
     """Caught when the config loads, not at the first evaluation after minutes of training."""
-    from transformer_cli import task_metrics
     from transformer_cli.config import FinetuneRunConfig
+    from transformer_cli.metrics import task_metrics
 
     path = write(tmp_path, f"task: {{kind: {kind}, metrics: {metrics}}}\n")
     with pytest.raises(UserError, match=expected) as err:
@@ -246,7 +246,7 @@ def test_config_is_frozen():
 def test_cuda_devices_that_do_not_exist_are_user_errors(monkeypatch):
     """cuda:N past the visible GPUs, and torchrun starting more processes on a machine than it has GPUs,
     end in one line that names the fix (not in an error deep inside CUDA)."""
-    from transformer_cli import runtime
+    from transformer_cli.runtime import device as runtime
 
     monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(runtime.torch.cuda, "device_count", lambda: 1)
@@ -380,7 +380,7 @@ def test_finetune_warmup_steps_replace_the_ratio():
     """As in Hugging Face's Trainer: warmup_steps above 0 is used as given; otherwise warmup_ratio of all updates.
     (warmup_steps alone was ignored while warmup_ratio kept its default of 0.1.)"""
     from transformer_cli.config import FinetuneTrainConfig
-    from transformer_cli.tasks.finetune_setup import resolved_train
+    from transformer_cli.finetune.setup import resolved_train
 
     assert resolved_train(FinetuneTrainConfig(max_steps=1000, max_epochs=None), 50).warmup_steps == 100
     assert resolved_train(FinetuneTrainConfig(max_steps=1000, max_epochs=None, warmup_steps=7), 50).warmup_steps == 7

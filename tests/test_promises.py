@@ -21,10 +21,10 @@ import torch
 
 from transformer_cli.checkpoint import serialize
 from transformer_cli.config import BertRunConfig, TranslationRunConfig, build_config
-from transformer_cli.files import write_atomic
+from transformer_cli.core.files import write_atomic
 from transformer_cli.models.builders import build_transformer
 
-from .conftest import ROOT, run_tcli, toy_subset
+from .conftest import ROOT, one_line_error, run_tcli, toy_subset
 
 TRANSLATION = {
     "data": {"max_len": 40},
@@ -50,14 +50,6 @@ def tcli(*args: str) -> tuple[int, str]:
 
     result = CliRunner().invoke(app, [str(a) for a in args])
     return result.exit_code, result.stderr
-
-
-def one_line_error(code: int, err: str) -> None:
-    assert code == 2, err
-    assert "Traceback" not in err and "internal error" not in err, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert lines[-1].startswith("error: "), err
-    assert not [line for line in lines if line.startswith("error:")][1:], err
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -112,8 +104,8 @@ def world(tmp_path_factory) -> dict[str, Path]:
 
 
 def write_translation_checkpoint(path: Path, seed: int) -> Path:
-    from transformer_cli.datasets.text import read_lines
-    from transformer_cli.vocab import train_vocab
+    from transformer_cli.core.text import read_lines
+    from transformer_cli.vocab.spm import train_vocab
 
     vocab = train_vocab(read_lines(ROOT / "data" / "toy" / "train.src")[:500], size=100)
     cfg = build_config(TranslationRunConfig, TRANSLATION, "test")
@@ -138,7 +130,7 @@ def test_preprocess_never_replaces_the_other_kind_without_force(world, tmp_path,
     folder = tmp_path / "pre"
     shutil.copytree(world[f"pre_{into}"], folder)
     before = snapshot(folder)
-    one_line_error(*tcli("preprocess", "--config", world[f"{other}_yaml"], "--out", folder, "--quiet"))
+    one_line_error(tcli("preprocess", "--config", world[f"{other}_yaml"], "--out", folder, "--quiet"))
     assert snapshot(folder) == before
     code, err = tcli("preprocess", "--config", world[f"{other}_yaml"], "--out", folder, "--quiet", "--force")
     assert code == 0, err
@@ -180,7 +172,7 @@ def test_a_damaged_preprocessed_folder_is_refused_before_anything_is_written(wor
     command = "train" if kind == "tr" else "pretrain-bert"
     set_ = f"data.preprocessed={folder}"
     code, err = tcli(command, "--config", world[f"{kind}_yaml"], "--out", out, "--set", set_, "--quiet")
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert str(folder) in err and "preprocess" in err
     assert not out.exists()  # no config.yaml, run.json or vocabulary left behind
     # tcli preprocess agrees with training: the folder is redone, not "up to date"
@@ -197,7 +189,7 @@ def test_a_refused_resume_with_init_from_hf_changes_nothing(world, tmp_path):
     other = tmp_path / "hf_other"
     shutil.copytree(world["hf"], other)
     # a BERT vocabulary of the same size from other text: the folder loads, only its vocabulary differs
-    from transformer_cli.tasks.bert_setup import train_bert_vocab
+    from transformer_cli.bert.setup import train_bert_vocab
 
     lines = (ROOT / "data" / "bert_toy" / "train.txt").read_text(encoding="utf-8").splitlines()[5000:8000]
     vocab = train_bert_vocab(lines, build_config(BertRunConfig, BERT, "test"))
@@ -218,7 +210,7 @@ def test_a_refused_resume_with_init_from_hf_changes_nothing(world, tmp_path):
         other,
         "--quiet",
     )
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert "another vocabulary" in err and str(other) in err
     assert snapshot(run) == before
 
@@ -250,7 +242,7 @@ def test_resume_from_a_checkpoint_that_is_not_a_training_state_is_one_line(world
     code, err = tcli(
         "pretrain-bert", "--config", world["bert_yaml"], "--out", run, "--resume", "auto", "--set", "train.max_steps=4"
     )
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert "last.pt" in err
     assert snapshot(run) == before
 
@@ -274,7 +266,7 @@ def test_a_run_whose_own_file_became_a_folder_is_refused_before_any_write(world,
     code, err = tcli(
         "pretrain-bert", "--config", world["bert_yaml"], "--out", run, "--resume", "auto", "--set", "train.max_steps=4"
     )
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert str(path) in err and "move it away" in err
     assert snapshot(run) == before
 
@@ -333,7 +325,7 @@ def test_a_run_folder_whose_name_is_not_utf8_is_refused_before_any_write(world, 
     folder = tmp_path / os.fsdecode(b"bad\xffname")
     for command, config in (("train", "tr_yaml"), ("pretrain-bert", "bert_yaml")):
         code, err = tcli(command, "--config", world[config], "--out", folder / "run", "--quiet")
-        one_line_error(code, err)
+        one_line_error((code, err))
         assert "not UTF-8" in err
     assert list(tmp_path.iterdir()) == []
     code, err = tcli("preprocess", "--config", world["tr_yaml"], "--out", folder / "pre", "--quiet")
@@ -360,7 +352,7 @@ def test_plot_reads_any_metrics_file_without_a_traceback(tmp_path, log):
     (tmp_path / "metrics.jsonl").write_bytes(log)
     code, err = tcli("plot", tmp_path, "--out", tmp_path / "c.png")
     if code != 0:
-        one_line_error(code, err)
+        one_line_error((code, err))
     else:
         assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -371,7 +363,7 @@ def test_plot_refuses_outputs_it_cannot_write(world, tmp_path, out):
     target = tmp_path / out if not out.startswith("/") else Path(out)
     if out.endswith("/"):
         target.mkdir()
-    one_line_error(*tcli("plot", world["bert_run"], "--out", target))
+    one_line_error(tcli("plot", world["bert_run"], "--out", target))
     assert [p.name for p in tmp_path.iterdir()] == (["dir.png"] if out.endswith("/") else [])
 
 
@@ -397,7 +389,7 @@ def test_plot_replaces_only_an_image_of_its_format(world, tmp_path, name, conten
         Path(world["bert_run"], "checkpoints", "last.pt").read_bytes() if content == "checkpoint" else content
     )
     before = target.read_bytes()
-    one_line_error(*tcli("plot", world["bert_run"], "--out", target))
+    one_line_error(tcli("plot", world["bert_run"], "--out", target))
     assert target.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [name]
     again = target.with_suffix(".png") if name == "c.svg" else tmp_path / "plot.png"
     for _ in range(2):  # its own image, replaced
@@ -412,7 +404,7 @@ def test_plot_to_pgf_without_tex_is_one_line(world, tmp_path, monkeypatch):
 
     monkeypatch.setattr(shutil, "which", lambda *_: None)
     code, err = tcli("plot", world["bert_run"], "--out", tmp_path / "c.pgf")
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert "xelatex, which is not installed" in err and list(tmp_path.iterdir()) == []
 
 
@@ -421,7 +413,7 @@ def test_plot_of_a_run_whose_name_holds_a_control_character_warns_of_nothing(wor
     pytest.importorskip("matplotlib")
     import warnings
 
-    from transformer_cli.plot import plot_run
+    from transformer_cli.tools.plot import plot_run
 
     run = tmp_path / "tab\there"
     shutil.copytree(world["bert_run"], run)
@@ -446,7 +438,7 @@ def test_average_refuses_a_checkpoint_given_twice(world, tmp_path, twice, monkey
         "copy": lambda: shutil.copy(a, tmp_path / "c.pt") and tmp_path / "c.pt",
         "hardlink": lambda: (tmp_path / "h.pt").hardlink_to(a) or tmp_path / "h.pt",
     }[twice]()
-    one_line_error(*tcli("average", "--checkpoints", a, world["tr_ckpt2"], second, "--out", tmp_path / "avg.pt"))
+    one_line_error(tcli("average", "--checkpoints", a, world["tr_ckpt2"], second, "--out", tmp_path / "avg.pt"))
     assert not (tmp_path / "avg.pt").exists()
 
 
@@ -471,7 +463,7 @@ def test_init_from_hf_refuses_a_config_key_that_changes_the_function(world, tmp_
     (folder / "config.json").write_text(json.dumps({**config, key: value}))
     out = tmp_path / "run"
     code, err = tcli("pretrain-bert", "--config", world["bert_yaml"], "--out", out, "--init-from-hf", folder)
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert key in err
     assert not out.exists()
 
@@ -485,18 +477,18 @@ def test_init_from_hf_refuses_an_untied_decoder(world, tmp_path):
     weights["cls.predictions.decoder.weight"] = weights["bert.embeddings.word_embeddings.weight"] + 1
     save_file(weights, folder / "model.safetensors")
     one_line_error(
-        *tcli("pretrain-bert", "--config", world["bert_yaml"], "--out", tmp_path / "r", "--init-from-hf", folder)
+        tcli("pretrain-bert", "--config", world["bert_yaml"], "--out", tmp_path / "r", "--init-from-hf", folder)
     )
 
 
 def test_init_from_hf_defaults_and_the_export_itself_are_accepted(world):
     """Keys left out take transformers' defaults, which are tcli's values: such a folder loads."""
-    from transformer_cli.hf import load_hf_bert
+    from transformer_cli.export.hf import load_hf_bert
 
     cfg = build_config(BertRunConfig, BERT, "test")
     load_hf_bert(world["hf"], cfg.model)
     config = json.loads((world["hf"] / "config.json").read_text())
-    from transformer_cli.hf import FUNCTION_KEYS, check_hf_config, hf_config
+    from transformer_cli.export.hf import FUNCTION_KEYS, check_hf_config, hf_config
 
     check_hf_config({k: v for k, v in config.items() if k not in FUNCTION_KEYS}, hf_config(cfg.model, 0), "x")
 
@@ -515,7 +507,7 @@ def test_a_heatmap_draws_a_bounded_number_of_pieces(tmp_path):
     pytest.importorskip("matplotlib")
     import matplotlib.image
 
-    from transformer_cli.attention_plot import HEATMAP_MAX_PIECES, heatmaps
+    from transformer_cli.core.figures import HEATMAP_MAX_PIECES, heatmaps
 
     for n in (HEATMAP_MAX_PIECES, 3000):
         labels = [f"p{i}" for i in range(n)]
@@ -539,7 +531,7 @@ def test_an_endless_line_from_a_device_is_one_line_for_every_reader(world):
         ["fill-mask", "--checkpoint", world["bert_ckpt"], "--input", "/dev/zero"],
     ):
         code, err = tcli(*case)
-        one_line_error(code, err)
+        one_line_error((code, err))
         assert "/dev/zero: line 1 has over 64 MiB and no line end" in err
 
 
@@ -548,7 +540,7 @@ def test_evaluate_refuses_a_reference_it_would_ignore(world, tmp_path):
     ref = tmp_path / "ref.txt"
     ref.write_text("a b\n")
     code, err = tcli("evaluate", "--checkpoint", world["tr_ckpt"], "--split", "val", "--reference", ref)
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert "--reference goes with --input" in err
 
 
@@ -578,7 +570,7 @@ def test_init_from_hf_config_messages_name_the_key_and_the_value(world, tmp_path
         config = {k: v for k, v in config.items() if k not in ("hidden_size", "num_hidden_layers")}
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     code, err = tcli("pretrain-bert", "--config", world["bert_yaml"], "--out", tmp_path / "r", "--init-from-hf", folder)
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert expected in err, err
     assert "model.d_model=None" not in err and "is 16 but" not in err
 
@@ -588,7 +580,7 @@ def test_evaluate_on_pairs_that_are_all_too_long_names_the_files_and_the_limit(w
     src.write_text("dog " * 200 + "\n")
     ref.write_text("Hund " * 200 + "\n")
     code, err = tcli("evaluate", "--checkpoint", world["tr_ckpt"], "--input", src, "--reference", ref)
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert str(src) in err and str(ref) in err and "model.max_positions" in err
     assert "the the" not in err and "data.max_len" not in err
 
@@ -616,7 +608,7 @@ def test_attention_maps_are_fp32_probabilities_under_bf16_autocast():
     recorded weights are computed in fp32, so every row sums to 1 like fp32's (bf16 would be off by ~1e-3)."""
     import contextlib
 
-    from transformer_cli.attention import teacher_forced_attention
+    from transformer_cli.translation.attention import teacher_forced_attention
 
     cfg = build_config(TranslationRunConfig, TRANSLATION, "test")
     torch.manual_seed(0)
@@ -642,7 +634,7 @@ def test_plot_draws_a_finetuning_run_and_names_a_file_given_as_run(tmp_path):
     """A fine-tuning run logs its dev metrics (accuracy, pearson, entity_f1, ...), not BLEU or MLM accuracy: they
     are its validation row (plot refused such a run: "no finite values of a plotted metric")."""
     pytest.importorskip("matplotlib")
-    from transformer_cli.plot import _rows, read_events
+    from transformer_cli.tools.plot import _rows, read_events
 
     lines = [
         {"event": "train", "step": 2, "loss": 0.7, "lr": 1e-4, "tokens_per_sec": 900.0},
@@ -655,11 +647,11 @@ def test_plot_draws_a_finetuning_run_and_names_a_file_given_as_run(tmp_path):
     code, err = tcli("plot", tmp_path, "--out", tmp_path / "c.png")
     assert code == 0 and (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG", err
     code, err = tcli("plot", tmp_path / "c.png", "--out", tmp_path / "d.png")
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert "is not a run directory (a file)" in err
     for run, what in ((tmp_path / "c.png", "a file"), (tmp_path / "nowhere", "no such folder")):
         code, err = tcli("plot", run)  # the default --out is inside the run: it was the option the error named
-        one_line_error(code, err)
+        one_line_error((code, err))
         assert f"is not a run directory ({what})" in err and "--out" not in err.replace("'s --out named", ""), err
 
 
@@ -674,7 +666,7 @@ def test_devices_tcli_does_not_run_on_are_one_line(world, device):
     source = world["root"] / "src.txt"
     source.write_text("a b\n")
     code, err = tcli("translate", "--checkpoint", world["tr_ckpt"], "--input", source, "--device", device)
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert "expected auto, cpu, cuda or cuda:N" in err or "no CUDA device is visible" in err, err
 
 
@@ -687,7 +679,7 @@ def test_translate_output_options_protect_checkpoints_and_take_dash_as_stdout(wo
     shutil.copyfile(world["tr_ckpt2"], other)
     before = hashlib.sha256(other.read_bytes()).hexdigest()
     code, err = tcli("translate", "--checkpoint", world["tr_ckpt"], "--input", source, "--output", other)
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert "holds a checkpoint" in err and hashlib.sha256(other.read_bytes()).hexdigest() == before
     from typer.testing import CliRunner
 
@@ -696,7 +688,7 @@ def test_translate_output_options_protect_checkpoints_and_take_dash_as_stdout(wo
     result = CliRunner().invoke(app, ["translate", "--checkpoint", str(world["tr_ckpt"]), "-i", str(source), "-o", "-"])
     assert result.exit_code == 0 and len(result.stdout.splitlines()) == 2 and not Path("-").exists(), result.stderr
     code, err = tcli("translate", "--checkpoint", world["tr_ckpt"], "--input", source, "--stats-json", "-")
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert "give a file name" in err
 
 
@@ -716,7 +708,7 @@ def test_translate_files_that_fail_when_written_are_the_only_line_on_stderr(worl
         "--stats-json",
         "/dev/full",
     )
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert err.strip().startswith("error: --stats-json /dev/full: cannot write") and len(err.strip().splitlines()) == 1
 
 
@@ -741,15 +733,15 @@ def test_exports_and_preprocessing_never_write_into_a_runs_own_folders(world, tm
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
     for out in (run, run / "vocab", run / "checkpoints", run / "tb" / "x", tmp_path / "link", run / "vocab" / ".."):
         code, err = tcli("export-hf", "--checkpoint", world["bert_ckpt"], "--out", out, "--force")
-        one_line_error(code, err)
+        one_line_error((code, err))
         assert "the run's own" in err
     monkeypatch.chdir(run / "checkpoints")
     for command in (["export-hf", "--checkpoint", world["bert_ckpt"]], ["preprocess", "--config", world["bert_yaml"]]):
         code, err = tcli(*command, "--out", ".", "--force")
-        one_line_error(code, err)
+        one_line_error((code, err))
         assert "the run's own" in err
     code, err = tcli("preprocess", "--config", world["bert_yaml"], "--out", run / "data", "--force", "--quiet")
-    one_line_error(code, err)
+    one_line_error((code, err))
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"} == before
     code, err = tcli("export-hf", "--checkpoint", world["bert_ckpt"], "--out", run / "hf")  # a folder of its own
     assert code == 0, err
@@ -760,7 +752,7 @@ def test_an_output_that_is_a_pipe_is_checked_without_opening_it(tmp_path):
     read blocks until a writer comes). An alarm turns a hang into a failure."""
     import os
 
-    from transformer_cli.streams import check_writable
+    from transformer_cli.core.streams import check_writable
 
     from .conftest import fails_if_it_hangs
 

@@ -1,7 +1,7 @@
 """`python -m transformer_cli` works like `tcli` (and under torchrun)."""
 
-from transformer_cli.console import guard_closed_streams
-from transformer_cli.malloc import restart_with_mimalloc
+from transformer_cli.core.console import guard_closed_streams
+from transformer_cli.runtime.malloc import restart_with_mimalloc
 
 
 def entry() -> None:

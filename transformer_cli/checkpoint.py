@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from transformer_cli.config import SCHEMAS, build_config
-from transformer_cli.errors import UserError, finite_number, quote
-from transformer_cli.vocab import Vocab, check_bert_vocab
+from transformer_cli.core.errors import UserError, finite_number, quote
+from transformer_cli.vocab.spm import Vocab, check_bert_vocab
 
 # ----------------------------------------------------------------------------- writing
 
@@ -50,7 +50,7 @@ class Checkpoint:
     @property
     def finetune(self) -> Any:
         """A fine-tuned checkpoint's task kind, labels, encoder sizes and tokenizer (finetuned.FinetuneMeta)."""
-        from transformer_cli.finetuned import FinetuneMeta
+        from transformer_cli.kinds.finetuned import FinetuneMeta
 
         if "_finetune" not in self.__dict__:
             meta = FinetuneMeta.from_state(self.state.get("finetune"), str(self.path))
@@ -83,7 +83,7 @@ class Checkpoint:
         from transformer_cli.models.builders import build_bert, build_transformer
 
         if self.kind == "finetune":
-            from transformer_cli.finetuned import build_classifier
+            from transformer_cli.kinds.finetuned import build_classifier
 
             return build_classifier(self.finetune)
         src, tgt = len(self.vocabs[0]), len(self.vocabs[-1])

@@ -29,7 +29,7 @@ class OptionsOnce(TyperCommand):
     """
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
-        from transformer_cli.errors import DECIMAL, UserError
+        from transformer_cli.core.errors import DECIMAL, UserError
 
         values, extra, order = self.make_parser(ctx).parse_args(args=list(args))  # order: each option as given
         seen = set()
@@ -106,8 +106,8 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from transformer_cli.errors import UserError, one_line
-        from transformer_cli.files import check_user_paths
+        from transformer_cli.core.errors import UserError, one_line
+        from transformer_cli.core.files import check_user_paths
 
         previous = _catch_sigterm()
         try:
@@ -194,7 +194,7 @@ def _report_bug() -> None:
 
 
 def _resume_flag(resume: str | None) -> bool:
-    from transformer_cli.errors import UserError
+    from transformer_cli.core.errors import UserError
 
     if resume is None:
         return False
@@ -222,7 +222,7 @@ def train(
 
     # The config and options are checked before torch is imported: a mistake costs well under a second.
     cfg, resume_auto = load_config(TranslationRunConfig, config, set_), _resume_flag(resume)
-    from transformer_cli.tasks.translation_setup import train_translation
+    from transformer_cli.translation.setup import train_translation
 
     train_translation(cfg, _run_dir(out, config), device=device, resume=resume_auto, quiet=quiet)
 
@@ -240,13 +240,13 @@ def preprocess(
 ) -> None:
     """Tokenise a config's data once into memory-mapped arrays (translation or BERT config)."""
     from transformer_cli.config import file_config
-    from transformer_cli.run import run_preprocess
+    from transformer_cli.train.preprocess import run_preprocess
 
     cfg = file_config(config, set_)
     if type(cfg).__name__ == "BertRunConfig":
-        from transformer_cli.tasks.bert_setup import BertSetup as Setup
+        from transformer_cli.bert.setup import BertSetup as Setup
     else:
-        from transformer_cli.tasks.translation_setup import TranslationSetup as Setup
+        from transformer_cli.translation.setup import TranslationSetup as Setup
     manifest = run_preprocess(Setup(cfg), out, force, quiet)
     if not quiet:
         print(
@@ -302,10 +302,10 @@ def translate(
     alignment_unit: Annotated[str, typer.Option("--alignment-unit", help="piece | word")] = "piece",
 ) -> None:
     """Translate a file or stdin with beam search."""
-    from transformer_cli.decode import DecodeOptions
-    from transformer_cli.errors import UserError
-    from transformer_cli.streams import is_standard
-    from transformer_cli.translate import InspectOptions, run_translate
+    from transformer_cli.core.errors import UserError
+    from transformer_cli.core.streams import is_standard
+    from transformer_cli.translation.decode import DecodeOptions
+    from transformer_cli.translation.translate import InspectOptions, run_translate
 
     if nbest > beam:
         raise UserError(f"--nbest {nbest} cannot exceed --beam {beam}")
@@ -340,7 +340,7 @@ def pretrain_bert(
     from transformer_cli.config import BertRunConfig, load_config
 
     cfg, resume_auto = load_config(BertRunConfig, config, set_), _resume_flag(resume)  # before torch, as in train
-    from transformer_cli.tasks.bert_setup import pretrain_bert as run
+    from transformer_cli.bert.setup import pretrain_bert as run
 
     run(cfg, _run_dir(out, config), device=device, resume=resume_auto, quiet=quiet, init_from_hf=init_from_hf)
 
@@ -360,7 +360,7 @@ def finetune(
 ) -> None:
     """Fine-tune a BERT (tcli checkpoint, Hugging Face folder, or none) to classify, score or tag text."""
     from transformer_cli.config import FinetuneRunConfig, load_config
-    from transformer_cli.tasks.finetune_setup import finetune as run
+    from transformer_cli.finetune.setup import finetune as run
 
     overrides = [*(set_ or []), *(["train.pad_to_max=true"] if pad_to_max else [])]
     cfg = load_config(FinetuneRunConfig, config, overrides)
@@ -386,7 +386,7 @@ def glue(
     quiet: QuietOpt = False,
 ) -> None:
     """Fine-tune on every GLUE task (resumable), then print the table and the GLUE score."""
-    from transformer_cli.glue import run_glue
+    from transformer_cli.finetune.glue import run_glue
 
     summary = run_glue(checkpoint, data_dir, tasks, seeds, out, set_ or [], device, quiet)
     print(summary["table"], end="")
@@ -408,9 +408,9 @@ def predict(
     precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "fp32",
 ) -> None:
     """Label, score or tag text with a fine-tuned model: label and probability, the score, or word-tag lines."""
-    from transformer_cli.errors import UserError
-    from transformer_cli.predict import run_predict
-    from transformer_cli.streams import is_standard
+    from transformer_cli.core.errors import UserError
+    from transformer_cli.core.streams import is_standard
+    from transformer_cli.finetune.predict import run_predict
 
     if precision not in ("auto", "fp32", "bf16", "fp16"):
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
@@ -439,8 +439,8 @@ def export_hf(
 ) -> None:
     """Write a BERT checkpoint as a folder transformers loads (BertForPreTraining, or a fine-tuned model as
     BertForSequenceClassification / BertForTokenClassification with its labels) and a fast tokenizer."""
-    from transformer_cli.hf import HF_FILES
-    from transformer_cli.hf import export_hf as run
+    from transformer_cli.export.hf import HF_FILES
+    from transformer_cli.export.hf import export_hf as run
 
     folder = run(checkpoint, out, force)
     written = [name for name in HF_FILES if (folder / name).is_file()]  # (--force removed the folder's others first)
@@ -461,7 +461,7 @@ def count_params(
     json_: Annotated[bool, typer.Option("--json", help="print the numbers as JSON")] = False,
 ) -> None:
     """Exact parameter counts by component, with the closed-form formula."""
-    from transformer_cli.params import run_count_params
+    from transformer_cli.tools.count_params import run_count_params
 
     run_count_params(config, checkpoint, preset, set_, json_)
 
@@ -479,7 +479,7 @@ def fill_mask(
     device: DeviceOpt = "auto",
 ) -> None:
     """The top-k pieces (with probabilities) a BERT checkpoint predicts for every [MASK]."""
-    from transformer_cli.fill_mask import run_fill_mask
+    from transformer_cli.bert.fill_mask import run_fill_mask
 
     run_fill_mask(checkpoint, text, input, top_k, json_, device)
 
@@ -524,8 +524,8 @@ def evaluate(
 ) -> None:
     """Score a checkpoint: translation loss, perplexity, BLEU, chrF; BERT MLM/NSP metrics; a fine-tuned model's
     task metrics."""
-    from transformer_cli.errors import UserError
-    from transformer_cli.evaluate import run_evaluate
+    from transformer_cli.core.errors import UserError
+    from transformer_cli.tools.evaluate import run_evaluate
 
     if precision not in (None, "auto", "fp32", "bf16", "fp16"):
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
@@ -543,7 +543,7 @@ def plot(
     ] = None,
 ) -> None:
     """Plot a run's curves (loss, BLEU or MLM accuracy, learning rate, tokens/s) from metrics.jsonl."""
-    from transformer_cli.plot import plot_run
+    from transformer_cli.tools.plot import plot_run
 
     print(f"wrote {plot_run(run_dir, out)}", file=sys.stderr)
 
@@ -584,7 +584,7 @@ def average(
     force: Annotated[bool, typer.Option("--force", help="overwrite --out if it exists")] = False,
 ) -> None:
     """Average the weights of several checkpoints of one model into a new checkpoint."""
-    from transformer_cli.errors import UserError
+    from transformer_cli.core.errors import UserError
     from transformer_cli.export.average import checkpoints_to_average, write_average
 
     if ctx.args and checkpoints is None:
@@ -601,7 +601,7 @@ def average(
 def main() -> None:
     """Run the app; a usage mistake (unknown option, bad value) is one line and exit code 2, like every
     other user error, instead of a framed message."""
-    from transformer_cli.errors import UserError, one_line
+    from transformer_cli.core.errors import UserError, one_line
 
     try:
         code = app(standalone_mode=False)

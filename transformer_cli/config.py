@@ -18,9 +18,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from transformer_cli import task_metrics
-from transformer_cli.errors import UserError, quote
-from transformer_cli.models.buckets import bucket
+from transformer_cli.core.buckets import bucket
+from transformer_cli.core.errors import UserError, quote
+from transformer_cli.metrics import task_metrics
 
 
 class _Loader(yaml.SafeLoader):
@@ -183,7 +183,7 @@ def _takes_a_number(annotation: Any, but_not: type = bool) -> bool:
 # ----------------------------------------------------------------------------- shared sections
 
 # Upper bounds that no real run reaches and that keep an absurd value (1e12) a config error instead of an
-# allocation that fails or hangs; the memory a model needs is checked separately (run.py).
+# allocation that fails or hangs; the memory a model needs is checked separately (train/lifecycle.py).
 MAX_POSITIONS = 1 << 20
 MAX_BATCH_TOKENS = 1 << 26
 MAX_BEAM = 256
@@ -535,7 +535,7 @@ def _kind_that_fits(schema: type[Section], raw: dict[str, Any]) -> str | None:
 def _check_paths(cfg: Any) -> None:
     """The config's file and folder names (data.*, vocab.model, fine-tuning's model.init) go through the check of
     every user path."""
-    from transformer_cli.files import check_user_path
+    from transformer_cli.core.files import check_user_path
 
     paths = {("vocab", "model"), ("model", "init")}
     for section in ("data", "vocab", "model"):

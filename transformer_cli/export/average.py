@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from transformer_cli.checkpoint import Checkpoint, read_checkpoint, serialize
-from transformer_cli.errors import UserError
+from transformer_cli.core.errors import UserError
+from transformer_cli.core.files import RUN_MARKER, remove_stale_temporaries, same_file, write_atomic
 from transformer_cli.export.folders import check_writable_file
-from transformer_cli.files import RUN_MARKER, remove_stale_temporaries, same_file, write_atomic
 
 # What only a resumed training run needs: an average is never resumed.
 _TRAINING_ONLY = ("optimizer", "scheduler", "scaler", "rng", "train_state")

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from transformer_cli.checkpoint import read_checkpoint
-from transformer_cli.errors import UserError
+from transformer_cli.core.errors import UserError
+from transformer_cli.core.files import write_atomic
 from transformer_cli.export.folders import prepare_folder, write_staged
-from transformer_cli.files import write_atomic
-from transformer_cli.vocab import Vocab
+from transformer_cli.vocab.spm import Vocab
 
 QUANTIZATIONS = ("int8", "int8_float32", "bfloat16", "float16")
 LAYER_NORM_EPS = 1e-5  # torch's nn.LayerNorm default, which tcli's translation model uses

@@ -7,8 +7,8 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from transformer_cli.errors import UserError
-from transformer_cli.files import check_not_a_run_part, remove_stale_temporaries, temporary_name
+from transformer_cli.core.errors import UserError
+from transformer_cli.core.files import check_not_a_run_part, remove_stale_temporaries, temporary_name
 
 STAGING = "export"  # `.export.tmpPID`: the folder an export writes into before its files are renamed into place
 

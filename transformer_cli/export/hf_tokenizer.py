@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from transformer_cli.vocab import Vocab
+from transformer_cli.vocab.spm import Vocab
 
 SPACE = "▁"  # U+2581, sentencepiece's visible space
 # sentencepiece_model.proto: ModelProto.SentencePiece.Type and TrainerSpec.ModelType

@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformer_cli.config import BertModelConfig, TransformerConfig
 from transformer_cli.models.bert import Bert
 from transformer_cli.models.transformer import Transformer
-from transformer_cli.vocab import PAD_ID
+from transformer_cli.vocab.spm import PAD_ID
 
 
 def build_transformer(cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:

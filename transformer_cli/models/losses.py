@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer_cli.models.buckets import bucket
+from transformer_cli.core.buckets import bucket
 
 _CHUNK_ELEMENTS = 1 << 20  # rows per chunk such that an fp32 chunk is ~4 MB: cache friendly, few Python steps
 # Rows per chunk of the fused projection on CPU: a bf16 (chunk, V) output of ~4 MB, where the vocabulary matmul

@@ -1,6 +1,7 @@
-"""The one trainer shared by translation and BERT: `train()` orchestrates, `train_step()` does one update.
+"""The one trainer shared by translation, BERT pretraining and fine-tuning: `train()` orchestrates,
+`train_step()` does one update.
 
-A task (translation, BERT) supplies the model, the epoch's batch order, the loss of a batch and the
+A task (translation, BERT, fine-tuning) supplies the model, the epoch's batch order, the loss of a batch and the
 evaluation; the trainer owns optimisation, precision, accumulation, clipping, the schedule,
 checkpoints (atomic, exact resume), signals, logging and early stopping.
 """
@@ -28,11 +29,11 @@ from torch import Tensor, nn
 from transformer_cli import __version__
 from transformer_cli.checkpoint import Checkpoint, serialize
 from transformer_cli.config import TrainConfig
-from transformer_cli.console import say
-from transformer_cli.errors import UserError
-from transformer_cli.files import write_atomic
-from transformer_cli.runtime import Runtime, release_free_memory
-from transformer_cli.train.metrics import MetricsLog
+from transformer_cli.core.console import say
+from transformer_cli.core.errors import UserError
+from transformer_cli.core.files import write_atomic
+from transformer_cli.core.metrics_log import MetricsLog
+from transformer_cli.runtime.device import Runtime, release_free_memory
 from transformer_cli.train.optim import (
     build_optimizer,
     build_scheduler,

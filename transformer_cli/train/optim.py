@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from transformer_cli.config import TrainConfig
-from transformer_cli.errors import finite_number, quote
+from transformer_cli.core.errors import finite_number, quote
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:

@@ -1,1 +1,0 @@
-"""Datasets: text files -> token sequences -> batches."""

@@ -1,0 +1,1 @@
+"""BERT fine-tuning: the training task and its setup, `tcli predict`, `tcli glue`."""

@@ -1,0 +1,202 @@
+"""`tcli predict`: a fine-tuned checkpoint's labels (and their probability), scores, or tags for new text.
+
+Input: a table (.tsv, .csv, .jsonl with the columns the model was trained on), a CoNLL file (.conll, tagging),
+or plain lines (a file or stdin): one text per line, `a<TAB>b` for a pair model, words separated by spaces for
+a tagger. Plain lines stream like `tcli translate`: each chunk's predictions are written before the next chunk
+is read. Output: `label<TAB>probability` or the score, one line per input; for tagging one `word tag` line per
+word and a blank line after each sentence.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from transformer_cli.checkpoint import read_checkpoint
+from transformer_cli.core.errors import UserError
+from transformer_cli.core.streams import check_outputs, chunks, first_chunk, open_input, writer
+from transformer_cli.data.labeled import (
+    DOCSTART,
+    GLUE_TASKS,
+    TABLE_SUFFIXES,
+    TaggedSentence,
+    TextExample,
+    glue_key,
+    read_conll,
+    read_task_table,
+)
+from transformer_cli.kinds.finetuned import (
+    FinetuneMeta,
+    decide,
+    encode_tagged,
+    encode_texts,
+    length_order,
+    non_finite,
+    predict_logits,
+)
+
+ROWS = 64  # examples per forward pass
+FIRST_CHUNK_LINES, MAX_CHUNK_LINES = 64, 4096  # plain lines: the first predictions come out at once
+
+
+class Predictor:
+    """A fine-tuned model on a device, turning examples into output lines."""
+
+    def __init__(self, checkpoint: Path, device: str = "auto", precision: str = "fp32"):
+        from transformer_cli.runtime.device import Runtime
+
+        ckpt = read_checkpoint(checkpoint, kind="finetune")
+        self.checkpoint = checkpoint
+        self.cfg, self.meta = ckpt.cfg, ckpt.finetune
+        self.runtime = Runtime.create(device, precision)
+        self.model = ckpt.build_model().to(self.runtime.device).eval()
+
+    def columns(self) -> tuple[str, str | None]:
+        """The text (and pair) columns the model was trained on."""
+        d, glue = self.cfg.data, self.cfg.task.glue
+        if glue is not None:
+            t = GLUE_TASKS[glue_key(glue)]
+            text = t.text if isinstance(t.text, str) else "sentence"
+            return text, t.pair if isinstance(t.pair, str) else None
+        return d.text, d.pair
+
+    def lines(self, examples: list[Any]) -> list[str]:
+        """Output lines for a chunk of examples (TextExample or TaggedSentence)."""
+        meta = self.meta
+        if meta.kind == "tagging":
+            feats = encode_tagged(meta.tokenizer, [ex.words for ex in examples], None, meta.max_seq_len)
+        else:
+            pairs = [ex.pair or "" for ex in examples] if self.columns()[1] is not None else None
+            feats = encode_texts(meta.tokenizer, [ex.text for ex in examples], pairs, None, meta.max_seq_len)
+        logits = predict_logits(
+            self.model,
+            feats,
+            length_order(feats, ROWS),
+            meta.tokenizer.pad_id,
+            meta.kind,
+            self.runtime,
+            meta.max_seq_len,
+        )
+        non_finite(logits, refuse=str(self.checkpoint))
+        preds, probs = decide(meta.kind, logits)
+        if meta.kind == "tagging":
+            for ex, pred in zip(examples, preds):
+                if len(pred) < len(ex.words):  # tagged O below, unread: said, as translate says of a long line
+                    print(
+                        f"warning: line {ex.line}: {len(pred)} of its {len(ex.words)} words fit the model's "
+                        f"max_seq_len ({meta.max_seq_len} pieces); the other {len(ex.words) - len(pred)} are tagged "
+                        "O without being read: split the sentence",
+                        file=sys.stderr,
+                    )
+        return [format_prediction(meta, ex, p, q) for ex, p, q in zip(examples, preds, probs)]
+
+
+def format_prediction(meta: FinetuneMeta, example: Any, pred: Any, prob: float) -> str:
+    if meta.kind == "regression":
+        return f"{pred:.6g}\n"
+    if meta.kind == "tagging":
+        tags = [meta.labels[i] for i in pred] + ["O"] * (len(example.words) - len(pred))  # cut off: O
+        return "".join(f"{w} {t}\n" for w, t in zip(example.words, tags)) + "\n"
+    return f"{meta.labels[pred]}\t{prob:.4f}\n"
+
+
+CONLL_HINT = (
+    "a CoNLL file (a word and its columns per line, a blank line after each sentence) is read as one when named .conll"
+)
+
+
+def _conll_rows(lines: list[str], tags: set[str]) -> bool:
+    """Whether a tagger's plain lines are a CoNLL file's rows: a -DOCSTART- line, or two or more lines, up to the
+    first blank one, of as many fields each (two or more), the last of each one of the model's tags."""
+    rows = []
+    for line in lines[:50]:
+        fields = line.split()
+        if fields[:1] == [DOCSTART]:
+            return True
+        if not fields:
+            break
+        rows.append(fields)
+    return (
+        len(rows) >= 2 and len({len(f) for f in rows}) == 1 and len(rows[0]) >= 2 and all(f[-1] in tags for f in rows)
+    )
+
+
+def _plain(line: str, number: int, pair_model: bool, tagging: bool, name: str) -> TextExample | TaggedSentence:
+    text = line.strip()
+    if not text:
+        hint = f"; {CONLL_HINT}" if tagging else ""
+        raise UserError(f"{name}:{number}: empty line; predict writes one output per input line, so give a text{hint}")
+    if tagging:
+        return TaggedSentence(tuple(text.split()), None, number)
+    if pair_model:
+        fields = line.rstrip("\r\n").split("\t")
+        if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+            found = (
+                f"its {'first' if not fields[0].strip() else 'second'} text is empty"
+                if len(fields) == 2
+                else f"the line has {len(fields)} tab-separated field{'s' if len(fields) != 1 else ''}"
+            )
+            raise UserError(f"{name}:{number}: this model reads pairs: give 'first text<TAB>second text' ({found})")
+        a, b = fields
+        return TextExample(a.strip(), b.strip(), None, number)
+    if "\t" in text:  # a table's row (a header, a label column) read as one text: its output would be wrong
+        raise UserError(
+            f"{name}:{number}: a tab in a line: this model reads one text per line (a pair model reads "
+            "'a<TAB>b'); for a table with columns, give it as .tsv, .csv or .jsonl"
+        )
+    return TextExample(text, None, None, number)
+
+
+def run_predict(
+    checkpoint: Path, input_path: Path | None, output: Path | None, device: str = "auto", precision: str = "fp32"
+) -> int:
+    """Predict for every example of the input; returns how many were written."""
+    check_outputs([("--output", output)], [("--checkpoint", checkpoint), ("--input", input_path)])
+    suffix = input_path.suffix.lower() if input_path is not None else ""
+    with ExitStack() as stack:
+        predictor = Predictor(checkpoint, device, precision)
+        tagging = predictor.meta.kind == "tagging"
+        if suffix == ".conll" and not tagging:
+            raise UserError(
+                f"--input {input_path}: a .conll file is for a tagger, and this is a {predictor.meta.kind} model; "
+                "give a table with its columns (.tsv, .csv, .jsonl) or one text per line"
+            )
+        if suffix in TABLE_SUFFIXES and tagging:
+            raise UserError(
+                f"--input {input_path}: this model tags words; give a .conll file or one sentence per line, "
+                f"not a {suffix} table"
+            )
+        write = writer(output, stack)
+        if suffix in TABLE_SUFFIXES:
+            text, pair = predictor.columns()
+            kind = "regression" if predictor.meta.kind == "regression" else "classification"
+            glue = predictor.cfg.task.glue
+            task = GLUE_TASKS[glue_key(glue)] if glue else None
+            return _write_all(predictor, [read_task_table(input_path, task, text, pair, None, kind)], write)
+        if suffix == ".conll":
+            return _write_all(predictor, [read_conll(input_path)], write)
+        lines = stack.enter_context(open_input(input_path, sys.stdin))
+        name, pair_model = str(input_path or "<stdin>"), predictor.columns()[1] is not None
+        number = 0
+        first = first_chunk(output, FIRST_CHUNK_LINES, MAX_CHUNK_LINES)
+        for chunk in chunks(lines, first, MAX_CHUNK_LINES):  # written before the next chunk is read
+            if tagging and number == 0 and _conll_rows(chunk, set(predictor.meta.labels)):
+                raise UserError(
+                    f"{name}: its lines are a CoNLL file's rows (each ends with a tag), not sentences to tag; "
+                    f"{CONLL_HINT}, or give one sentence per line"
+                )
+            examples = [_plain(line, number + i + 1, pair_model, tagging, name) for i, line in enumerate(chunk)]
+            number += _write_all(predictor, [examples], write)
+        return number
+
+
+def _write_all(predictor: Predictor, groups: Iterable[list[Any]], write: Callable[[str], None]) -> int:
+    done = 0
+    for examples in groups:
+        for start in range(0, len(examples), 1024):
+            write("".join(predictor.lines(examples[start : start + 1024])))
+        done += len(examples)
+    return done

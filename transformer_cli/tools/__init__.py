@@ -1,0 +1,1 @@
+"""Commands that read any run: `tcli evaluate`, `tcli plot`, `tcli count-params`."""

@@ -1,0 +1,1 @@
+"""Encoder-decoder translation: the training task and its setup, beam search, `tcli translate`, attention maps."""

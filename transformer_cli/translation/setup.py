@@ -1,0 +1,188 @@
+"""What the run lifecycle needs to know about translation: its text files, vocabulary and preprocessing, and
+how to build its task. Torch is imported only to build the task: `tcli preprocess` never loads it."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from transformer_cli.config import TranslationRunConfig
+from transformer_cli.core.console import say
+from transformer_cli.core.errors import UserError
+from transformer_cli.core.text import LineIndex, fingerprint, stream_lines
+from transformer_cli.data.shards import Manifest, lines_of, reservoir
+from transformer_cli.data.translation import ShardedPairs, SplitFiles, index_pair, preprocess_parallel, split_paths
+from transformer_cli.train.lifecycle import run_training
+from transformer_cli.train.task_setup import SetupBase, vocab_settings
+from transformer_cli.vocab.spm import Vocab, check_translation_vocab, load_model_file, train_vocab
+
+if TYPE_CHECKING:
+    from transformer_cli.checkpoint import Checkpoint
+    from transformer_cli.runtime.device import Runtime
+    from transformer_cli.translation.task import TranslationTask
+
+
+class TranslationSetup(SetupBase):
+    """What the shared run lifecycle (train/lifecycle.py) needs to know about translation."""
+
+    kind = "translation"
+
+    def __init__(self, cfg: TranslationRunConfig):
+        super().__init__()
+        self.cfg = cfg
+        self._fingerprint: str | None = None
+        self.given_vocab: Vocab | None = None  # vocab.model, read by read_data
+        self._indexes: dict[str, tuple[LineIndex, LineIndex]] = {}  # the text files' blocks, found by read_data
+
+    def split_names(self) -> list[str]:
+        return [split.name for split in self.split_files()]
+
+    def split_files(self) -> list[SplitFiles]:
+        """The splits to tokenise: training pairs over data.max_len are dropped; validation and test keep every
+        non-empty pair (and their references)."""
+        d = self.cfg.data
+        names = [d.train, d.valid] + ([d.test] if d.test else [])
+        return [
+            SplitFiles(
+                name,
+                *split_paths(d.dir, name, d.src_lang, d.tgt_lang),
+                d.max_len if name == d.train else None,
+                name != d.train,
+            )
+            for name in dict.fromkeys(names)
+        ]
+
+    def read_data(self) -> None:
+        """Every file is read through once before anything is written: a missing file, invalid UTF-8 or
+        misaligned line counts stop the run here (in bounded memory, whatever the corpus size)."""
+        if self.cfg.vocab.model is not None:
+            self.given_vocab = load_model_file(self.cfg.vocab.model)
+            check_translation_vocab(self.given_vocab, f"vocab.model {self.cfg.vocab.model}")
+        if self.preprocessed() is not None:
+            return
+        train = hashlib.sha256()  # the data fingerprint (text.fingerprint of the training files), in the same read
+        self._indexes = {
+            split.name: index_pair(split.src, split.tgt, also=train if split.name == self.cfg.data.train else None)
+            for split in self.split_files()
+        }
+        self._fingerprint = train.hexdigest()
+        d = self.cfg.data
+        hashes = {name: tuple(index.sha256 for index in pair) for name, pair in self._indexes.items()}
+        for key, name in (("valid", d.valid), ("test", d.test)):  # held-out text under another name (a copy, a link)
+            if name is not None and hashes[name] == hashes[d.train]:
+                raise UserError(
+                    f"data.{key} {name!r} holds the same text as data.train {d.train!r} (the files under {d.dir}): "
+                    "a run validates and tests on text it does not train on; name another split"
+                )
+        self._read = {i.path: {"size": i.size, "sha256": i.sha256} for pair in self._indexes.values() for i in pair}
+
+    def data_settings(self) -> dict[str, Any]:
+        d = self.cfg.data
+        return {
+            "src_lang": d.src_lang,
+            "tgt_lang": d.tgt_lang,
+            "train": d.train,
+            "valid": d.valid,
+            "test": d.test,
+            "max_len": d.max_len,
+        }
+
+    def source_files(self) -> list[Path]:
+        return [p for s in self.split_files() for p in (s.src, s.tgt)]
+
+    def valid_names(self) -> list[str]:
+        d = self.cfg.data
+        return [p.name for p in split_paths(d.dir, d.valid, d.src_lang, d.tgt_lang)]
+
+    def data_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            manifest = self.preprocessed()
+            if manifest is not None:
+                self._fingerprint = manifest.data["data_fingerprint"]
+            else:
+                d = self.cfg.data
+                self._fingerprint = fingerprint(list(split_paths(d.dir, d.train, d.src_lang, d.tgt_lang)))
+        return self._fingerprint
+
+    def count_parameters(self) -> tuple[int, int]:
+        from transformer_cli.models.params import transformer_formula
+
+        m, V = self.cfg.model, self.cfg.vocab.size  # vocab.size bounds the trained vocabulary
+        return transformer_formula(m, V, V).total, m.max_positions * m.d_model
+
+    def vocab_files(self) -> list[str]:
+        return ["joint"] if self.cfg.vocab.joint else ["src", "tgt"]
+
+    def vocab_settings(self) -> dict[str, Any]:
+        return vocab_settings(self.kind, self.cfg.vocab, self.cfg.train.seed, self.data_fingerprint())
+
+    def train_vocabs(self, quiet: bool) -> list[Vocab]:
+        manifest, v = self.preprocessed(), self.cfg.vocab
+        if manifest is not None:
+            return [Vocab.load(p) for p in manifest.vocab_paths()]
+        if v.model is not None:
+            return [self.given_vocab]
+        train = self.split_files()[0]
+        corpora = [[train.src, train.tgt]] if v.joint else [[train.src], [train.tgt]]
+        vocabs = []
+        for name, paths in zip(self.vocab_files(), corpora):
+            say(
+                quiet,
+                f"training the {name} sentencepiece vocabulary ({v.type}, up to {v.size} pieces, on at most "
+                f"{v.max_sentences:,} lines)",
+            )
+            lines = itertools.chain.from_iterable(lines_of(stream_lines(p)) for p in paths)
+            sample = reservoir(lines, v.max_sentences, self.cfg.train.seed)
+            vocabs.append(
+                train_vocab(
+                    sample,
+                    v.size,
+                    v.type,
+                    v.character_coverage,
+                    v.max_sentences,
+                    self.cfg.train.seed,
+                    source=f"the {train.name} split",
+                )
+            )
+        return vocabs
+
+    def vocabs_from_checkpoint(self, ckpt: Checkpoint) -> list[Vocab]:
+        return [ckpt.vocabs[0]] if self.cfg.vocab.joint else list(ckpt.vocabs)
+
+    def write_shards(self, folder: Path, vocabs: list[Vocab], quiet: bool) -> dict[str, Any]:
+        pair = (vocabs[0], vocabs[0]) if self.cfg.vocab.joint else (vocabs[0], vocabs[1])
+        return preprocess_parallel(folder, self.split_files(), pair, quiet, indexes=self._indexes)
+
+    def make_task(self, vocabs: list[Vocab], data: Manifest, runtime: Runtime, quiet: bool) -> TranslationTask:
+        import torch
+
+        from transformer_cli.models.builders import build_transformer
+        from transformer_cli.translation.task import TranslationTask
+
+        cfg, d = self.cfg, self.cfg.data
+        pair = (vocabs[0], vocabs[0]) if cfg.vocab.joint else (vocabs[0], vocabs[1])
+        train = ShardedPairs(data, d.train)
+        valid = ShardedPairs(data, d.valid).load(max_len=cfg.model.max_positions - 2)
+        test = ShardedPairs(data, d.test).load() if d.test else None
+        say(
+            quiet,
+            f"{d.train}: {len(train):,} pairs, {d.valid}: {len(valid):,}"
+            + (f", {d.test}: {len(test):,}" if test else "")
+            + f" ({data.folder})",
+        )
+        torch.manual_seed(cfg.train.seed)
+        random.seed(cfg.train.seed)
+        model = build_transformer(cfg.model, len(pair[0]), len(pair[1]))
+        n_params = sum(p.numel() for p in dict.fromkeys(model.parameters()))
+        say(quiet, f"model: {n_params:,} parameters; vocabulary {len(pair[0])} / {len(pair[1])} pieces")
+        return TranslationTask(cfg, pair, train, valid, test, model, self.data_fingerprint())
+
+
+def train_translation(
+    cfg: TranslationRunConfig, run_dir: Path, device: str = "auto", resume: bool = False, quiet: bool = False
+) -> dict[str, Any]:
+    """`tcli train`: everything from raw text to best.pt; returns the end event."""
+    return run_training(TranslationSetup(cfg), cfg, run_dir, device, resume, quiet)

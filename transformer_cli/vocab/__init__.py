@@ -1,0 +1,1 @@
+"""Text to ids: the sentencepiece vocabulary of translation and BERT, and BERT's WordPiece-compatible tokenizer."""

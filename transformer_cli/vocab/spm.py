@@ -1,0 +1,149 @@
+"""Sentencepiece vocabularies: trained once per run from the training text, saved, and carried as bytes
+inside every checkpoint so that a checkpoint alone is enough to translate."""
+
+from __future__ import annotations
+
+import io
+import random
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+from transformer_cli.core.errors import UserError
+
+# sentencepiece's trainer gives other pieces on another thread count (1, 2 and 4 threads: three different
+# vocabularies of the toy corpus), so it is fixed, not the machine's cores: the same data and settings give the
+# same vocabulary on every machine.
+TRAIN_THREADS = 2
+
+# Ids fixed for every tcli vocabulary.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Vocab:
+    """A sentencepiece model plus the special ids the models rely on."""
+
+    def __init__(self, model_bytes: bytes):
+        self.model_bytes = bytes(model_bytes)
+        if not self.model_bytes:  # sentencepiece takes it as a model of no pieces, and logs at every lookup
+            raise RuntimeError("the file is empty, not a sentencepiece model")
+        self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
+        self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
+        self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+
+    def __len__(self) -> int:
+        return self.sp.get_piece_size()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and other.model_bytes == self.model_bytes
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        return self.sp.encode(lines)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return self.sp.decode(ids)
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.sp.piece_to_id(piece)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.model_bytes)
+
+    @classmethod
+    def load(cls, path: Path) -> Vocab:
+        try:
+            return cls(path.read_bytes())
+        except (OSError, RuntimeError) as e:
+            raise UserError(f"cannot load the vocabulary {path}: {e}") from None
+
+
+def train_vocab(
+    lines: Iterable[str],
+    size: int,
+    model_type: str = "unigram",
+    character_coverage: float = 1.0,
+    max_sentences: int = 1_000_000,
+    seed: int = 1,
+    pad_piece: str = "<pad>",
+    unk_piece: str = "<unk>",
+    control_symbols: tuple[str, ...] = (),
+    bos_eos: bool = True,
+    source: str = "the training text",
+) -> Vocab:
+    """Train a sentencepiece model in memory; `size` is an upper bound (small corpora get fewer pieces).
+
+    Ids: pad 0, unk 1, then bos 2 and eos 3 (`bos_eos`), then `control_symbols` in order.
+    `source` names the text in errors.
+    """
+    sample = [line for line in lines if line.strip()]
+    if not sample:
+        raise UserError(f"cannot train a vocabulary: {source} holds no text")
+    if len(sample) > max_sentences:
+        sample = random.Random(seed).sample(sample, max_sentences)
+    out = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sample),
+            model_writer=out,
+            vocab_size=size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            hard_vocab_limit=False,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID if bos_eos else -1,
+            eos_id=EOS_ID if bos_eos else -1,
+            pad_piece=pad_piece,
+            unk_piece=unk_piece,
+            control_symbols=list(control_symbols),
+            input_sentence_size=0,  # all of `sample`, already drawn above (spm refuses sizes 1-100)
+            shuffle_input_sentence=False,
+            minloglevel=2,
+            num_threads=TRAIN_THREADS,
+        )
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())
+        chars = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", detail)
+        if chars:
+            raise UserError(
+                f"vocab.size {size} is too small for {source}: its characters and the special pieces "
+                f"need {chars.group(2)}; raise vocab.size or lower vocab.character_coverage"
+            ) from None
+        detail = detail[:200]
+        raise UserError(
+            f"sentencepiece could not train a vocabulary of up to {size} pieces on {source} "
+            f"({len(sample)} lines): {detail}; a small corpus needs a smaller vocab.size, or add text"
+        ) from None
+    return Vocab(out.getvalue())
+
+
+def load_model_file(path: str | Path, key: str = "vocab.model") -> Vocab:
+    """A user's own sentencepiece model (`vocab.model`); a missing or unreadable file is one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{key}: {path} is not a file; give the path of a sentencepiece .model")
+    return Vocab.load(path)
+
+
+def check_translation_vocab(vocab: Vocab, source: str) -> None:
+    """Translation models rely on <pad> 0, <unk> 1, <s> 2, </s> 3 (the ids tcli trains vocabularies with)."""
+    have = (vocab.pad_id, vocab.unk_id, vocab.bos_id, vocab.eos_id)
+    if have != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+        raise UserError(
+            f"{source} has pad/unk/bos/eos ids {'/'.join(map(str, have))}, tcli needs 0/1/2/3: train it "
+            "with spm_train --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3, or leave vocab.model unset"
+        )
+
+
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in every tcli BERT vocabulary
+
+
+def check_bert_vocab(vocab: Vocab, source: str) -> None:
+    ids = [vocab.piece_to_id(p) for p in BERT_SPECIALS]
+    if ids != list(range(len(BERT_SPECIALS))):
+        raise UserError(
+            f"{source}: the vocabulary does not hold {', '.join(BERT_SPECIALS)} at ids 0-4; it is not a BERT vocabulary"
+        )
