@@ -87,6 +87,16 @@ def test_each_machine_keeps_its_own_row_and_section():
     assert again.split("### CPU B")[1] == doc.split("### CPU B")[1]
 
 
+def test_write_results_into_one_file_is_the_same(tmp_path):
+    bench = load_benchmark()
+    start = f"# B\n\n{bench.MACHINES_START}\n| header |\n|---|\n{bench.MACHINES_END}\n\nafter the table\n"
+    path = tmp_path / "BENCH.md"
+    path.write_text(start, encoding="utf-8")
+    r = result(bench, "CPU A [avx2]", 2500.0, decode=300.0)
+    assert bench.write_results(path, r, sections(bench, r)) == [path]
+    assert path.read_text(encoding="utf-8") == write(bench, start, r)
+
+
 def sections(bench, r: dict) -> dict:
     key = r["machine"]["key"]
     return {(bench.START.format(key), bench.END.format(key)): bench.table(r)}
