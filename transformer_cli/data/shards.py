@@ -50,8 +50,8 @@ FORMAT = "tcli-shards/1"
 MANIFEST = "manifest.json"
 BLOCK_LINES = 20_000  # lines per tokenising task
 IN_PROCESS_BYTES = 8 << 20  # smaller inputs are tokenised in this process (starting workers costs more)
-# The vocabulary's training sample holds at most this many characters: sentencepiece needs about 17 bytes per
-# character of its input (measured: 0.6 GB for 35M characters), so vocabulary training stays within 2 GB.
+# The vocabulary's training sample holds at most this many characters: sentencepiece's memory grows with the
+# characters of its input (measured: docs/benchmarks/data-at-scale.md), so vocabulary training stays within 2 GB.
 SAMPLE_CHARS = 50_000_000
 
 

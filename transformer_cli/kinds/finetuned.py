@@ -245,9 +245,8 @@ def batch_width(longest: int, multiple: int, limit: int, bucketed: bool) -> int:
     `limit` (max_seq_len) but for a longest member already there.
 
     Bucketed where matmuls compile a kernel per shape (`Runtime.kernel_per_shape`: bf16 on a CPU): with exact
-    widths, fine-tuning on MRPC met ~1,700 kernels, more than oneDNN's cache holds, and compiled 1,220 of them
-    again at every epoch (17% of its time); elsewhere the padding would only cost (5% in fp32; BENCHMARKS.md,
-    "Fine-tuning speed")."""
+    widths, fine-tuning on MRPC meets more kernels than oneDNN's cache holds and compiles many of them again at
+    every epoch; elsewhere the padding would only cost (measured: docs/benchmarks/finetuning.md)."""
     width = bucket(longest, multiple) if bucketed else -(-longest // multiple) * multiple
     return max(longest, min(width, limit))
 
