@@ -623,13 +623,13 @@ def resolve_peak(device: str | torch.device, matmul_n: int = 8192) -> tuple[floa
         table = table_peak_tflops(name)
         if table:
             return table, f"datasheet bf16 dense ({name}; table in scripts/gpu_measure.py)"
-    return round(matmul_tflops(device, n=matmul_n), 3), f"measured {matmul_n}^3 bf16 matmul"
+    return _round(matmul_tflops(device, n=matmul_n)), f"measured {matmul_n}^3 bf16 matmul"
 
 
 def measure_device(device: str | torch.device = "cuda", matmul_n: int = 8192) -> dict[str, Any]:
     """The GPU, its datasheet bf16 peak (if known) and a measured bf16 matmul; which peak MFU uses."""
     device = torch.device(device)
-    measured = round(matmul_tflops(device, n=matmul_n), 3)
+    measured = _round(matmul_tflops(device, n=matmul_n))
     if device.type != "cuda":
         return {
             "name": platform.processor() or "CPU",
