@@ -46,7 +46,7 @@ import torch
 from transformer_cli.core.metrics_log import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # as when run as a script: its peers import by name
-from gpu_measure import bert_train_flops, mfu, translation_train_flops  # noqa: E402  (one FLOPs/MFU definition)
+from gpu_measure import mfu  # noqa: E402  (one MFU definition)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -121,15 +121,19 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
 
 def train_flops_per_token(kind: str) -> float:
     """Model FLOPs of one fwd+bwd step per token at the benchmark's sizes (NMT_SIZE, BERT_SIZE): the formulas of
-    scripts/gpu_measure.py, the one definition the GPU check uses too, on a batch of the benchmark's shape
+    transformer_cli.models.params, the one definition the GPU check uses too, on a batch of the benchmark's shape
     (translation: 16 source and 17 target tokens a sentence; BERT: 128 tokens, 19 masked, as with 15%)."""
-    d, ffn, vocab = 256, 1024, 8000
+    from transformer_cli.models.params import bert_train_flops, translation_train_flops
+    from transformer_cli.tools.count_params import preset_config
+
     if kind == "nmt":
         src_len, tgt_len = 16, 17
-        flops = translation_train_flops(d, ffn, 3, 3, vocab, src_len, tgt_len, src_len, tgt_len)
+        cfg = preset_config("transformer-base", NMT_SIZE)
+        flops = translation_train_flops(cfg.model, cfg.vocab.size, src_len, tgt_len, src_len, tgt_len)
         return flops["total"] / tgt_len
     seq_len, masked = 128, 19
-    return bert_train_flops(d, ffn, 4, vocab, seq_len, seq_len, masked, 1)["total"] / seq_len
+    cfg = preset_config("bert-base", BERT_SIZE)
+    return bert_train_flops(cfg.model, cfg.vocab.size, seq_len, seq_len, masked, 1)["total"] / seq_len
 
 
 def nmt_train_args(steps: int, log_every: int = 25, eval_every: int = 100000, size: list[str] = NMT_SIZE) -> list[str]:
