@@ -155,9 +155,10 @@ def test_occurrences_are_whole_words_except_in_cjk():
 
 
 def test_neighbours_are_the_most_similar_other_lines(tmp_path, ckpt):
+    """Read from standard input, as a pipe gives it."""
     lines = ["The king saw the river.", "A wolf crossed the bridge.", "The king saw the river.", "Winter came."]
-    path = write_lines(tmp_path / "in.txt", lines)
-    result = run_tcli("embed", "--checkpoint", str(ckpt), "-i", str(path), "--neighbours", "2", "--device", "cpu")
+    text = "".join(line + "\n" for line in lines)
+    result = run_tcli("embed", "--checkpoint", str(ckpt), "--neighbours", "2", "--device", "cpu", input=text)
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
     assert len(out) == 4 and out[0].startswith("1 -> 3 (1.0000)") and out[2].startswith("3 -> 1 (1.0000)")
@@ -195,7 +196,8 @@ def hf_folder(tmp_path_factory) -> Path:
     """A random tiny BertModel with a lower-casing WordPiece vocab.txt holding Chinese characters."""
     transformers = pytest.importorskip("transformers")
     folder = tmp_path_factory.mktemp("hf")
-    words = "the cat sat on mat a dog ran to house quick ##ly garden . , !".split() + list("我喜欢吃苹果很好他买了手机。")
+    words = "the cat sat on mat a dog ran to house quick ##ly garden . , !".split()
+    words += list("我喜欢吃苹果很好他买了手机。")  # full-width punctuation too
     letters = "abcdefghijklmnopqrstuvwxyz"
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *letters, *[f"##{c}" for c in letters]]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
