@@ -279,6 +279,7 @@ def test_bad_inputs_are_one_line_errors_and_leave_the_output_as_it_was(tmp_path,
         ((*base, "-i", str(path), "--neighbours", "2", "--level", "word"), "--neighbours"),
         ((*base, "-i", str(path), "-o", str(out), "--plot", str(tmp_path / "a.png")), "--similarity"),
         ((*base, "-i", str(path), "-o", str(ckpt)), "--output"),
+        ((*base, "-i", str(path), "-o", "-"), "--output -", ".npz"),
     ]
     for args, *fragments in cases:
         one_line_error(run_tcli(*args), *fragments)
@@ -287,3 +288,16 @@ def test_bad_inputs_are_one_line_errors_and_leave_the_output_as_it_was(tmp_path,
     # the earlier .npz of arrays is replaced by a run that succeeds
     assert run_tcli(*base, "-i", str(path), "-o", str(out)).returncode == 0
     assert np.load(out)["vectors"].shape == (len(LINES), 32)
+
+
+def test_a_line_longer_than_the_model_reads_is_cut_with_a_warning(tmp_path, ckpt):
+    path = write_lines(tmp_path / "in.txt", ["the river " * 40, "A wolf."])
+    out = tmp_path / "p.npz"
+    result = run_tcli("embed", "--checkpoint", str(ckpt), "-i", str(path), "-o", str(out), "--level", "word")
+    assert result.returncode == 0, result.stderr
+    assert "warning: line 1:" in result.stderr and "split the line" in result.stderr
+    with np.load(out) as z:
+        words, lines = z["word"].tolist(), z["line"].tolist()
+    first = [w for w, n in zip(words, lines) if n == 1]
+    assert 0 < len(first) < 80 and first == ("the river " * 40).split()[: len(first)]
+    assert [w for w, n in zip(words, lines) if n == 2] == ["A", "wolf."]

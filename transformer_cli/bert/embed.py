@@ -467,6 +467,8 @@ def check_arguments(
         raise UserError(f"--pooling {options.pooling!r}: expected cls or mean")
     if output is None and similarity is None and neighbours is None:
         raise UserError("give --output FILE.npz (the vectors), --similarity WORD or --neighbours K")
+    if output is not None and str(output) == "-":
+        raise UserError("--output -: the vectors are binary arrays, not text for standard output; give a .npz file")
     if output is not None and output.suffix.lower() not in (".npz", ".npy"):
         raise UserError(
             f"--output {output}: give a .npz file (the vectors with their lines and pieces) or .npy (the vectors alone)"
