@@ -321,16 +321,7 @@ def run_embed(
                 for k, t in enumerate(chunk)
             ]
             numbers += len(chunk)
-            for line in lines:
-                if line.cut:
-                    cut_lines += 1
-                    if cut_lines <= WARNED_LINES:
-                        print(
-                            f"warning: line {line.number}: {len(line.ids) + line.cut} pieces, more than the "
-                            f"{encoder.max_positions - 2} this model reads besides [CLS] and [SEP]; its last "
-                            f"{line.cut} have no vectors (split the line)",
-                            file=sys.stderr,
-                        )
+            cut_lines = warn_cut(lines, cut_lines, encoder.max_positions - 2)
             reduce = functools.partial(_reduce, options, find, encoder.tokenizer)
             results = embed_chunk(encoder, lines, layer, reduce)
             rows = [(line, v) for line, (v, _) in zip(lines, results)]
@@ -345,9 +336,9 @@ def run_embed(
             raise UserError(f"{name} is empty: give one text per line to embed")
         if cut_lines > WARNED_LINES:
             print(f"warning: {cut_lines:,} lines in all were longer than the model reads (cut)", file=sys.stderr)
-        matrix = similarity_results(find, name, plot, layer)
         if output is not None and vectors == 0:
             raise UserError(f"{name} holds no words (every line is blank): there is no {level} to embed")
+        matrix = similarity_results(find, name, plot, layer)
         if neighbours is not None:
             all_vectors = out.raw_rows("vectors") if out is not None else np.concatenate(kept)
             print_neighbours(all_vectors, neighbours, name)
@@ -361,6 +352,20 @@ def run_embed(
     )
     found = len(find.found) if find is not None else 0
     return {"lines": numbers, "vectors": vectors, "dim": d, "layer": layer, "occurrences": found}
+
+
+def warn_cut(lines: list[Line], warned: int, most: int) -> int:
+    """A warning for each of the first WARNED_LINES lines cut to the model's positions; returns the count so far."""
+    for line in lines:
+        if line.cut:
+            warned += 1
+            if warned <= WARNED_LINES:
+                print(
+                    f"warning: line {line.number}: {len(line.ids) + line.cut} pieces, more than the {most} this model "
+                    f"reads besides [CLS] and [SEP]; its last {line.cut} have no vectors (split the line)",
+                    file=sys.stderr,
+                )
+    return warned
 
 
 def chunk_columns(tokenizer: BertTokenizer, rows: list[tuple[Line, np.ndarray]], level: str, d: int) -> dict:
