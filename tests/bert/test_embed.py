@@ -301,3 +301,18 @@ def test_a_line_longer_than_the_model_reads_is_cut_with_a_warning(tmp_path, ckpt
     first = [w for w, n in zip(words, lines) if n == 1]
     assert 0 < len(first) < 80 and first == ("the river " * 40).split()[: len(first)]
     assert [w for w, n in zip(words, lines) if n == 2] == ["A", "wolf."]
+
+
+def test_a_folder_written_by_export_hf_gives_the_checkpoints_vectors(tmp_path, ckpt):
+    """The same model read from the checkpoint and from its Hugging Face folder (its tokenizer.json): the same pieces,
+    vectors and occurrences."""
+    folder = tmp_path / "hf"
+    done = run_tcli("export-hf", "--checkpoint", str(ckpt), "--out", str(folder))
+    assert done.returncode == 0, done.stderr
+    path = write_lines(tmp_path / "in.txt", LINES)
+    options = ("--level", "piece", "--similarity", "the")
+    ours = embed(ckpt, path, tmp_path / "a.npz", *options)
+    theirs = embed(folder, path, tmp_path / "b.npz", *options)
+    assert ours["piece"].tolist() == theirs["piece"].tolist()
+    assert ours["similarity_line"].tolist() == theirs["similarity_line"].tolist() == [1, 1, 2, 4, 4, 4, 4]
+    np.testing.assert_allclose(ours["vectors"], theirs["vectors"], atol=1e-5)

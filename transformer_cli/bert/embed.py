@@ -154,7 +154,8 @@ def surface(tokenizer: BertTokenizer, line: Line) -> tuple[str, list[tuple[int, 
         if w != word:
             text += " " if word >= 0 else ""
             word = w
-        piece = piece.removeprefix("##") if tokenizer.kind == "hf" else piece.replace("\u2581", "")
+        # '##' continues a WordPiece word; '▁' starts a sentencepiece one (also in the tokenizer.json of export-hf)
+        piece = (piece.removeprefix("##") if tokenizer.kind == "hf" else piece).replace("\u2581", "")
         spans.append((len(text), len(text) + len(piece)))
         text += piece
     return text, spans
