@@ -316,3 +316,18 @@ def test_a_folder_written_by_export_hf_gives_the_checkpoints_vectors(tmp_path, c
     assert ours["piece"].tolist() == theirs["piece"].tolist()
     assert ours["similarity_line"].tolist() == theirs["similarity_line"].tolist() == [1, 1, 2, 4, 4, 4, 4]
     np.testing.assert_allclose(ours["vectors"], theirs["vectors"], atol=1e-5)
+
+
+def test_neighbours_in_blocks_are_the_brute_force_best(capsys):
+    from transformer_cli.bert.embed import print_neighbours
+
+    vectors = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)
+    print_neighbours(vectors, 3, "x", block=7)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    sims = unit @ unit.T
+    np.fill_diagonal(sims, -np.inf)
+    for i, line in enumerate(capsys.readouterr().out.splitlines()):
+        number, best = line.split(" -> ")
+        assert int(number) == i + 1
+        got = [int(item.split(" (")[0]) - 1 for item in best.split("  ")]
+        assert got == np.argsort(-sims[i])[:3].tolist()
