@@ -25,7 +25,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from torch import Tensor
 from transformer_cli.core.errors import UserError
 from transformer_cli.models.bert import Bert
 from transformer_cli.vocab.bert_tokenizer import BertTokenizer
+
+if TYPE_CHECKING:
+    from transformer_cli.runtime.device import Runtime
 
 LEVELS = ("piece", "word", "sentence")
 POOLINGS = ("cls", "mean")
@@ -49,7 +52,7 @@ class Encoder:
 
     model: Bert
     tokenizer: BertTokenizer
-    runtime: object  # runtime.device.Runtime
+    runtime: Runtime
     source: str
 
     @property
