@@ -82,6 +82,7 @@ _MEMORY_ADVICE = {
     "translate": "lower --beam (and --nbest) or --max-tokens, or use another device",
     "evaluate": "lower --beam (translation) or give a smaller --input, or use another device",
     "fill_mask": "shorten the input lines, or use another device",
+    "embed": "shorten the input lines, or use another device",
 }
 _TRAINING_MEMORY_ADVICE = "use a smaller model, train.max_tokens / train.batch_size, or another device"
 
@@ -482,6 +483,52 @@ def fill_mask(
     from transformer_cli.bert.fill_mask import run_fill_mask
 
     run_fill_mask(checkpoint, text, input, top_k, json_, device)
+
+
+@app.command(cls=OptionsOnce)
+@user_errors
+def embed(
+    checkpoint: Annotated[
+        Path,
+        typer.Option(
+            "--checkpoint", help="a BERT checkpoint (pretrain-bert), a fine-tuned one (its encoder), or an HF folder"
+        ),
+    ],
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="one text per line (- or none: stdin)")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", metavar="FILE", help=".npz: vectors with their lines and pieces; .npy: vectors"),
+    ] = None,
+    level: Annotated[str, typer.Option("--level", help="piece | word (mean of its pieces) | sentence")] = "sentence",
+    pooling: Annotated[
+        str | None, typer.Option("--pooling", help="--level sentence: cls | mean (default mean)")
+    ] = None,
+    layer: Annotated[
+        int | None, typer.Option("--layer", help="0 = embeddings ... L = last block (default); negative from the end")
+    ] = None,
+    similarity: Annotated[
+        str | None, typer.Option("--similarity", help="print the cosine matrix of WORD's vectors across the lines")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", metavar="FILE", help="--similarity: draw the matrix as a heatmap (PNG)")
+    ] = None,
+    neighbours: Annotated[
+        int | None, typer.Option("--neighbours", min=1, help="print each line's K nearest lines (sentence vectors)")
+    ] = None,
+    device: DeviceOpt = "auto",
+    precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "fp32",
+) -> None:
+    """Contextual vectors of text from a BERT: per piece, word or line, from any layer (.npz), a word's similarity
+    across lines, or each line's nearest lines."""
+    from transformer_cli.bert.embed import Options, run_embed
+    from transformer_cli.core.errors import UserError
+
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    if pooling is not None and level != "sentence":
+        raise UserError(f"--pooling makes one vector of a line: it goes with --level sentence, not --level {level}")
+    options = Options(level, pooling or "mean", layer)
+    run_embed(checkpoint, input, output, options, similarity, plot, neighbours, device, precision)
 
 
 @app.command(cls=OptionsOnce)

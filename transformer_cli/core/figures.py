@@ -126,10 +126,13 @@ def heatmaps(
     title: str,
     xlabel: str,
     ylabel: str,
+    vmin: float = 0.0,
+    vmax: float | None = None,
+    bar_label: str = "attention weight",
 ) -> None:
-    """One PNG: a heatmap per (panel title, (len(rows), len(cols)) matrix), on one colour scale from 0 to
-    the largest weight, with the pieces as tick labels. At most HEATMAP_MAX_PIECES pieces of each axis are
-    drawn (the first ones; the title says so), so that an image stays a size a viewer opens."""
+    """One PNG: a heatmap per (panel title, (len(rows), len(cols)) matrix), on one colour scale from `vmin` to
+    `vmax` (default: 0 to the largest weight), with the pieces as tick labels. At most HEATMAP_MAX_PIECES pieces
+    of each axis are drawn (the first ones; the title says so), so that an image stays a size a viewer opens."""
     figure_module = require_matplotlib()
     if max(len(rows), len(cols)) > HEATMAP_MAX_PIECES:
         title += f" (first {min(len(rows), HEATMAP_MAX_PIECES)} of {len(rows)} x {min(len(cols), HEATMAP_MAX_PIECES)}"
@@ -143,11 +146,12 @@ def heatmaps(
     nrows = math.ceil(len(panels) / ncols)
     fig = figure_module.Figure(figsize=(panel_w * ncols + 1.2, panel_h * nrows + 0.4), layout="constrained")
     fig.suptitle(printable(title), fontsize=max(font + 2, 10))
-    vmax = max(float(m.max()) for _, m in panels) or 1.0
+    if vmax is None:
+        vmax = max(float(m.max()) for _, m in panels) or 1.0
     axes = fig.subplots(nrows, ncols, squeeze=False)
     image = None
     for ax, (name, matrix) in zip(axes.flat, panels):
-        image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=vmax, aspect="equal", interpolation="nearest")
+        image = ax.imshow(matrix, cmap="viridis", vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
         ax.set_title(name, fontsize=font + 1)
         ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=font)
         ax.set_yticks(range(len(rows)), rows, fontsize=font)
@@ -156,5 +160,5 @@ def heatmaps(
         ax.tick_params(length=2, pad=1)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
-    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=bar_label)
     save_figure(fig, path, dpi=100 if max(len(rows), len(cols)) <= 40 else 130)
