@@ -2,9 +2,10 @@
 
 Input: a table (.tsv, .csv, .jsonl with the columns the model was trained on), a CoNLL file (.conll, tagging),
 or plain lines (a file or stdin): one text per line, `a<TAB>b` for a pair model, words separated by spaces for
-a tagger. Plain lines stream like `tcli translate`: each chunk's predictions are written before the next chunk
-is read. Output: `label<TAB>probability` or the score, one line per input; for tagging one `word tag` line per
-word and a blank line after each sentence.
+a tagger; for a model trained on tables without a header (data.columns, CLUE's), also the rows of such a table.
+Plain lines stream like `tcli translate`: each chunk's predictions are written before the next chunk is read.
+Output: `label<TAB>probability` or the score, one line per input; for tagging one `word tag` line per word and
+a blank line after each sentence.
 """
 
 from __future__ import annotations
