@@ -174,11 +174,14 @@ def _with_normalizer_flags(data: bytes, flags: dict[str, bool | None], source: s
     normalizer = spec.get("normalizer") if isinstance(spec, dict) else None
     if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
         return data  # (BertTokenizerFast changes only a BertNormalizer)
-    normalizer.update(
-        lowercase=flags["do_lower_case"],
-        strip_accents=flags["strip_accents"],
-        handle_chinese_chars=flags["tokenize_chinese_chars"],
-    )
+    wanted = {
+        "lowercase": flags["do_lower_case"],
+        "strip_accents": flags["strip_accents"],
+        "handle_chinese_chars": flags["tokenize_chinese_chars"],
+    }
+    if all(normalizer.get(key) == value for key, value in wanted.items()):
+        return data  # the file's own bytes: a run started from it resumes with the same tokenizer hash
+    normalizer.update(wanted)
     return json.dumps(spec, ensure_ascii=False).encode("utf-8")
 
 
