@@ -665,10 +665,17 @@ class FinetuneDataConfig(Section):
 
     dir: str = Field("data", description="folder with the training and validation files")
     format: Literal["auto", "tsv", "csv", "jsonl", "conll"] = Field(
-        "auto", description="file format (auto: from the file suffix; .txt and .conll are CoNLL)"
+        "auto",
+        description="file format (auto: from the file suffix; .conll is CoNLL, .txt is CoNLL for tagging and "
+        "TSV for the other kinds)",
     )
     train: str = Field("train.tsv", min_length=1, description="training file under dir")
     valid: str = Field("dev.tsv", min_length=1, description="validation file under dir")
+    columns: list[str] | None = Field(
+        None,
+        description="names of the columns of TSV/CSV files without a header line, in order, for text, pair and "
+        "label to name (CLUE's AFQMC: [sentence1, sentence2, label]); null: the first line is the header",
+    )
     text: str = Field("sentence", min_length=1, description="column of the text (the first of a pair)")
     pair: str | None = Field(None, description="column of the second text of a pair (null: single texts)")
     label: str = Field("label", min_length=1, description="column of the label (or the regression target)")
@@ -761,7 +768,7 @@ class FinetuneRunConfig(Section):
             raise ValueError("vocab.joint is for translation (one vocabulary for both languages); remove it here")
         d, defaults = self.data, FinetuneDataConfig()
         if self.task.glue is not None:
-            fixed = ("format", "train", "valid", "text", "pair", "label")
+            fixed = ("format", "train", "valid", "columns", "text", "pair", "label")
             key = next((k for k in fixed if getattr(d, k) != getattr(defaults, k)), None)
             if key is not None:
                 raise ValueError(
@@ -769,7 +776,8 @@ class FinetuneRunConfig(Section):
                     "remove it (data.dir names the GLUE folder)"
                 )
         elif self.task.kind == "tagging":
-            key = next((k for k in ("text", "pair", "label") if getattr(d, k) != getattr(defaults, k)), None)
+            names = ("columns", "text", "pair", "label")
+            key = next((k for k in names if getattr(d, k) != getattr(defaults, k)), None)
             if key is not None:
                 raise ValueError(
                     f"data.{key} names a table column, but tagging reads CoNLL files (a word and its tag per "
@@ -783,8 +791,24 @@ class FinetuneRunConfig(Section):
                     raise ValueError(
                         f"data.{key} and data.{other} both name the column {column!r}; each role needs its own column"
                     )
+            if d.columns is not None:
+                _check_columns(d.columns, columns)
         _check_metrics(self.task)
         _check_train(self.train)
+
+
+def _check_columns(names: list[str], roles: list[tuple[str, str | None]]) -> None:
+    """data.columns: distinct names, among them those that data.text, data.pair and data.label name."""
+    if not names or any(not n.strip() or n != n.strip() for n in names):
+        raise ValueError(f"data.columns {names!r}: give each column of the files a name (no blanks, no spaces around)")
+    repeated = next((n for n in names if names.count(n) > 1), None)
+    if repeated is not None:
+        raise ValueError(f"data.columns names the column {repeated!r} twice; rename one")
+    for key, column in roles:
+        if column is not None and column not in names:
+            raise ValueError(
+                f"data.{key} is {column!r}, which is not one of data.columns ({', '.join(names)}); name one of them"
+            )
 
 
 def _first_changed(section: Section, defaults: Section) -> str:

@@ -199,27 +199,52 @@ def read_glue(data_dir: Path, task: str, split: str) -> list[TextExample]:
 
 
 TABLE_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json")  # files read as tables; CoNLL's are .conll or .txt
+# (a .txt file is a tagger's CoNLL file, or a TSV table for the other kinds: CLUE's AFQMC ships train.txt)
 
 
 def read_task_table(
-    path: Path, task: GlueTask | None, text: str, pair: str | None, label: str | None, kind: str
+    path: Path,
+    task: GlueTask | None,
+    text: str,
+    pair: str | None,
+    label: str | None,
+    kind: str,
+    columns: Sequence[str] | None = None,
 ) -> list[TextExample]:
     """A table given to a model (tcli evaluate --input, tcli predict): `read_table` with the named columns, or,
     for a GLUE task whose files have no header (CoLA), a .tsv without such a header read as that task's own
-    files are, columns by position (its dev.tsv, which otherwise had no column 'sentence')."""
-    if task is not None and not task.header and Path(path).suffix.lower() == ".tsv":
+    files are, columns by position (its dev.tsv, which otherwise had no column 'sentence'). A model trained on
+    tables without a header (`columns`, CLUE's AFQMC) reads a file as those were, unless its first line names
+    the text column: then that header names the columns."""
+    suffix = Path(path).suffix.lower()
+    if task is not None and not task.header and suffix == ".tsv":
         first = next((line for line in _lines(Path(path)) if line != ""), "")
         if text not in first.split("\t"):
             return _read_tsv(Path(path), task.text, task.pair, None if label is None else task.label, kind, False)
-    return read_table(path, text, pair, label, kind)
+    if columns is not None and suffix != ".jsonl" and suffix != ".json":
+        first = next((line for line in _lines(Path(path)) if line != ""), "")
+        names = next(csv.reader([first])) if suffix == ".csv" else first.split("\t")
+        if text in (name.strip() for name in names):
+            columns = None
+    return read_table(path, text, pair, label, kind, columns)
 
 
-def read_table(path: Path, text: str, pair: str | None, label: str | None, kind: str) -> list[TextExample]:
-    """A user's labelled (or unlabelled) table, by its suffix: `.tsv`, `.csv`, `.jsonl` or `.json` (JSON lines).
+def read_table(
+    path: Path,
+    text: str,
+    pair: str | None,
+    label: str | None,
+    kind: str,
+    columns: Sequence[str] | None = None,
+    format: str | None = None,
+) -> list[TextExample]:
+    """A user's labelled (or unlabelled) table, by its suffix: `.tsv` (and `.txt`), `.csv`, `.jsonl` or `.json`
+    (JSON lines), or by `format`.
 
     TSV is split on TAB only, without quote processing (quotes are text, as in GLUE); CSV follows RFC 4180
     (quoted fields may hold TABs, commas and newlines). TSV and CSV files start with a header naming the
-    columns; JSONL lines are objects and the names are their keys. Blank lines are skipped (JSONL included).
+    columns, unless `columns` names them (CLUE's files have no header); JSONL lines are objects and the names
+    are their keys. Blank lines are skipped (JSONL included).
 
     Args:
         path: the file.
@@ -227,6 +252,9 @@ def read_table(path: Path, text: str, pair: str | None, label: str | None, kind:
         pair: the column of the second text of a pair task, or None.
         label: the column of the label, or None to read texts only (for prediction).
         kind: "classification" (labels kept as stripped strings) or "regression" (labels must be finite floats).
+        columns: the names of the columns of a TSV or CSV file without a header line, in order; None: the
+            first line is the header. JSON lines name their keys themselves and ignore it.
+        format: "tsv", "csv" or "jsonl" whatever the suffix; None: from the suffix.
 
     Returns:
         The examples in file order; texts are stripped of surrounding whitespace.
@@ -239,11 +267,13 @@ def read_table(path: Path, text: str, pair: str | None, label: str | None, kind:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     path = Path(path)
     suffix = path.suffix.lower()
-    if suffix == ".tsv":
-        return _read_tsv(path, text, pair, label, kind, header=True)
-    if suffix == ".csv":
-        return _read_csv(path, text, pair, label, kind)
-    if suffix in (".jsonl", ".json"):
+    if format is None:
+        format = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(suffix)
+    if format == "tsv":
+        return _read_tsv(path, text, pair, label, kind, header=columns is None, names=columns)
+    if format == "csv":
+        return _read_csv(path, text, pair, label, kind, columns)
+    if format == "jsonl":
         return _read_jsonl(path, text, pair, label, kind)
     raise UserError(
         f"{path}: unknown table format {quote(path.suffix or '(no suffix)')}; the formats understood are "
@@ -494,14 +524,22 @@ def _decode(path: Path) -> str:
 
 
 def _read_tsv(
-    path: Path, text: str | int, pair: str | int | None, label: str | int | None, kind: str, header: bool
+    path: Path,
+    text: str | int,
+    pair: str | int | None,
+    label: str | int | None,
+    kind: str,
+    header: bool,
+    names: Sequence[str] | None = None,
 ) -> list[TextExample]:
     # TAB only, no quoting: GLUE's texts hold unbalanced `"` characters that a CSV reader would join across rows.
     rows = ((n, raw.split("\t")) for n, raw in enumerate(_lines(path), start=1) if raw != "")
-    return _examples(path, rows, text, pair, label, kind, header)
+    return _examples(path, rows, text, pair, label, kind, header, names)
 
 
-def _read_csv(path: Path, text: str, pair: str | None, label: str | None, kind: str) -> list[TextExample]:
+def _read_csv(
+    path: Path, text: str, pair: str | None, label: str | None, kind: str, names: Sequence[str] | None = None
+) -> list[TextExample]:
     def rows() -> Iterator[tuple[int, list[str]]]:
         reader = csv.reader(io.StringIO(_decode(path), newline=""), strict=True)  # a stray quote is an error
         start = 1
@@ -513,7 +551,7 @@ def _read_csv(path: Path, text: str, pair: str | None, label: str | None, kind: 
         except csv.Error as e:
             raise UserError(f"{path}:{start}: not valid CSV ({e}); check the quoting of this row") from None
 
-    return _examples(path, rows(), text, pair, label, kind, header=True)
+    return _examples(path, rows(), text, pair, label, kind, header=names is None, given=names)
 
 
 def _examples(
@@ -524,26 +562,34 @@ def _examples(
     label: str | int | None,
     kind: str,
     header: bool,
+    given: Sequence[str] | None = None,
 ) -> list[TextExample]:
-    """Rows of fields (with their line) into examples; the first row is the header when `header`."""
+    """Rows of fields (with their line) into examples; the first row is the header when `header`, and `given`
+    names the columns of a file without one."""
     examples: list[TextExample] = []
     width = 0
     idx: tuple[int, int | None, int | None] | None = None
     for n, fields in rows:
         if idx is None:  # the first row fixes the width, and names the columns when there is a header
-            width = len(fields)
-            names = [f.strip() for f in fields] if header else None
+            if given is not None:
+                _check_no_header(path, n, fields, given, text)
+            width = len(fields) if given is None else len(given)
+            names = [f.strip() for f in fields] if header else None if given is None else list(given)
             idx = (_column(path, names, width, text), *(_column(path, names, width, c) for c in (pair, label)))
             if header:
                 continue
         if len(fields) != width:
-            what = "the header" if header else "the first row"
-            hint = (
-                "fields are separated by TAB, and quotes are text (for quoted fields use .csv)"
-                if path.suffix.lower() == ".tsv"
-                else "check the commas and quotes (a quote left open runs on to the next rows)"
+            what = (
+                f"{'the header' if header else 'the first row'} has {width}"
+                if given is None
+                else f"the columns given are {width} ({', '.join(given)})"
             )
-            raise UserError(f"{path}:{n}: {_fields(len(fields))} but {what} has {width}; {hint}")
+            hint = (
+                "check the commas and quotes (a quote left open runs on to the next rows)"
+                if path.suffix.lower() == ".csv"
+                else "fields are separated by TAB, and quotes are text (for quoted fields use .csv)"
+            )
+            raise UserError(f"{path}:{n}: {_fields(len(fields))} but {what}; {hint}")
         i_text, i_pair, i_label = idx
         examples.append(
             TextExample(
@@ -558,6 +604,16 @@ def _examples(
             f"{path}: no examples" + (" (only a header)" if idx is not None and header else " (empty file)")
         )
     return examples
+
+
+def _check_no_header(path: Path, line: int, fields: list[str], given: Sequence[str], text: str | int) -> None:
+    """A header line in a file whose columns are named by the config: read as an example, its label would be a
+    class of its own (the word 'label') and its text a training example."""
+    if isinstance(text, str) and text in (f.strip() for f in fields):
+        raise UserError(
+            f"{path}:{line}: this line is a header (it names the column {quote(text)}), but data.columns "
+            f"([{', '.join(given)}]) is for files without one; remove data.columns to read the header"
+        )
 
 
 def _column(path: Path, names: list[str] | None, width: int, column: str | int | None) -> int | None:

@@ -73,7 +73,9 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
         paths = [Path(d.dir) / d.train, Path(d.dir) / d.valid]
         for path in paths:
             check_file(path, f"data: {path} {{what}} (data.dir {d.dir!r} and data.train / data.valid)")
-        conll = d.format == "conll" or (d.format == "auto" and paths[0].suffix.lower() in (".txt", ".conll"))
+        suffix = paths[0].suffix.lower()  # (a .txt file is CoNLL for a tagger, a TSV table otherwise: CLUE's)
+        conll_suffix = suffix == ".conll" or (suffix == ".txt" and t.kind == "tagging")
+        conll = d.format == "conll" or (d.format == "auto" and conll_suffix)
         if (t.kind == "tagging") != conll:
             raise UserError(
                 f"task.kind {t.kind} reads {'CoNLL files' if t.kind == 'tagging' else 'tables'}, but "
@@ -117,13 +119,14 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
 
 
 def _table(path: Path, d: Any, kind: str) -> list[TextExample]:
-    if d.format not in ("auto", path.suffix.lower().lstrip(".")) and not (
-        d.format == "jsonl" and path.suffix == ".json"
+    suffix = path.suffix.lower()
+    if d.format not in ("auto", suffix.lstrip(".")) and not (
+        (d.format == "jsonl" and suffix == ".json") or suffix == ".txt"  # (.txt says nothing of the format)
     ):
         raise UserError(
             f"data.format is {d.format} but {path} has the suffix {path.suffix}; rename it or fix data.format"
         )
-    return read_table(path, d.text, d.pair, d.label, kind)
+    return read_table(path, d.text, d.pair, d.label, kind, d.columns, None if d.format == "auto" else d.format)
 
 
 # ----------------------------------------------------------------------------- the starting encoder

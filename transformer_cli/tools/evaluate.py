@@ -263,7 +263,7 @@ def _labelled_examples(
             text, label = (c if isinstance(c, str) else n for c, n in ((glue.text, d.text), (glue.label, d.label)))
             pair = glue.pair if isinstance(glue.pair, str) else None
         kind = "regression" if meta.kind == "regression" else "classification"
-        examples = read_task_table(path, glue, text, pair, label, kind)
+        examples = read_task_table(path, glue, text, pair, label, kind, d.columns)
         unlabelled = next((ex for ex in examples if ex.label is None), None)
     if not examples:
         raise UserError(f"{path}: no examples to score")
