@@ -481,10 +481,11 @@ def preprocess_parallel(
                 refs.close()
             kept = writers["src"].count
             if not kept:
-                why = f"{counts['empty']} of {counts['lines']} have an empty side"  # (a tsv file has none)
+                why = f"{counts['empty']} of {counts['lines']} have an empty side"
                 if split.max_len is not None:
                     why += f", {counts['long']} have a side over {split.max_len} pieces (data.max_len)"
-                raise UserError(f"{split.src} / {split.tgt}: no sentence pairs left ({why}); check these files")
+                files = str(split.src) if split.columns is not None else f"{split.src} / {split.tgt}"
+                raise UserError(f"{files}: no sentence pairs left ({why}); check these files")
             names = [n for w in writers.values() for n in w.names] + ([f"{split.name}.ref"] if refs else [])
             out[split.name] = {
                 "counts": {"lines": counts["lines"], "pairs": kept},
