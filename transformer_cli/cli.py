@@ -75,6 +75,14 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="run directory (defau
 ResumeOpt = Annotated[str | None, typer.Option("--resume", help="'auto': continue from <out>/checkpoints/last.pt")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or log lines")]
+BleuTokenizeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--bleu-tokenize",
+        help="sacreBLEU tokenizer for BLEU: auto (by the checkpoint's data.tgt_lang), 13a, zh, char, ja-mecab, ... "
+        "(default: the checkpoint's eval.bleu_tokenize)",
+    ),
+]
 
 
 # What to make smaller when a command runs out of memory: the advice names its own options.
@@ -204,6 +212,17 @@ def _resume_flag(resume: str | None) -> bool:
     return True
 
 
+def _check_bleu_tokenize(value: str | None) -> None:
+    from transformer_cli.config import check_bleu_tokenize
+    from transformer_cli.core.errors import UserError
+
+    try:
+        if value is not None:
+            check_bleu_tokenize(value)
+    except ValueError as e:
+        raise UserError(f"--bleu-tokenize: {e}") from None
+
+
 def _run_dir(out: Path | None, config: Path) -> Path:
     return out if out is not None else Path("runs") / config.stem
 
@@ -277,6 +296,7 @@ def translate(
         int, typer.Option("--max-tokens", min=16, max=1 << 26, help="source tokens per batch")
     ] = 8000,
     reference: Annotated[Path | None, typer.Option("--reference", help="print sacreBLEU and chrF against it")] = None,
+    bleu_tokenize: BleuTokenizeOpt = None,
     device: DeviceOpt = "auto",
     precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "auto",
     stats_json: Annotated[
@@ -318,10 +338,15 @@ def translate(
         raise UserError("--alignment-layer and --alignment-unit shape --print-alignment's lines; add --print-alignment")
     if attention is None and attention_max != 10:
         raise UserError("--attention-max counts the lines --attention FOLDER draws; add --attention")
+    if bleu_tokenize is not None and reference is None:
+        raise UserError("--bleu-tokenize chooses how BLEU against --reference splits words; add --reference")
+    _check_bleu_tokenize(bleu_tokenize)
     opts = DecodeOptions(beam, lenpen, max_len_a, max_len_b, max_tokens, nbest)
     inspect = InspectOptions(attention, attention_max, print_alignment, alignment_layer, alignment_unit)
     output = None if is_standard(output) else output  # `-o -`: standard output, as `-i -` is standard input
-    run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json, inspect)
+    run_translate(
+        checkpoint, input, output, opts, reference, device, precision, quiet, stats_json, inspect, bleu_tokenize
+    )
 
 
 @app.command("pretrain-bert", cls=OptionsOnce)
@@ -562,6 +587,7 @@ def evaluate(
     lenpen: Annotated[
         float | None, typer.Option("--lenpen", min=0.0, max=10.0, help="0..10; default: eval.lenpen")
     ] = None,
+    bleu_tokenize: BleuTokenizeOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     device: DeviceOpt = "auto",
     precision: Annotated[
@@ -578,7 +604,8 @@ def evaluate(
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
     if data_dir is not None and split is None:
         raise UserError("--data-dir says where --split's files are; with --input it has nothing to do (leave it out)")
-    run_evaluate(checkpoint, split, input, reference, data_dir, beam, lenpen, device, precision, json_)
+    _check_bleu_tokenize(bleu_tokenize)
+    run_evaluate(checkpoint, split, input, reference, data_dir, beam, lenpen, device, precision, json_, bleu_tokenize)
 
 
 @app.command(cls=OptionsOnce)

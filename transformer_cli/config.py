@@ -257,19 +257,34 @@ class TrainConfig(Section):
 
 
 class TranslationDataConfig(Section):
-    """Parallel text: `{split}.{lang}` files under `dir`, one sentence per line."""
+    """Parallel text under `dir`: a split is two files `{split}.{src_lang}` and `{split}.{tgt_lang}`, one sentence
+    per line (format: text), or one tab-separated file of pairs as Tatoeba/Anki exports and d2l's fra.txt are
+    (format: tsv: `source<TAB>target<TAB>attribution`)."""
 
     FILE_KEYS = ("train", "valid", "test")
 
     dir: str = Field("data/toy", description="folder with the parallel text files")
-    src_lang: str = Field("src", min_length=1, description="source file suffix, e.g. en")
-    tgt_lang: str = Field("tgt", min_length=1, description="target file suffix, e.g. de")
-    train: str = Field("train", min_length=1, description="training split name")
+    format: Literal["text", "tsv"] = Field(
+        "text",
+        description="text: a split is the files {split}.{src_lang} and {split}.{tgt_lang}; tsv: a split is one "
+        "file of tab-separated columns (data.train/valid/test name the files, e.g. train.tsv)",
+    )
+    src_column: int = Field(0, ge=0, le=1000, description="format tsv: the column (0-based) of the source sentence")
+    tgt_column: int = Field(1, ge=0, le=1000, description="format tsv: the column (0-based) of the target sentence")
+    src_lang: str = Field("src", min_length=1, description="source language code and file suffix, e.g. en")
+    tgt_lang: str = Field(
+        "tgt", min_length=1, description="target language code and file suffix, e.g. de (BLEU's tokenizer follows it)"
+    )
+    train: str = Field("train", min_length=1, description="training split name (format tsv: its file)")
     valid: str = Field(
-        "val", min_length=1, description="validation split name (not the training split, nor files holding its text)"
+        "val",
+        min_length=1,
+        description="validation split name (format tsv: its file; not the training split, nor files holding its text)",
     )
     test: str | None = Field(
-        "test", min_length=1, description="test split name, scored at the end of training (null: none)"
+        "test",
+        min_length=1,
+        description="test split name (format tsv: its file), scored at the end of training (null: none)",
     )
     max_len: int = Field(
         128, ge=1, le=MAX_POSITIONS, description="training pairs with a side longer than this (in pieces) are dropped"
@@ -306,6 +321,31 @@ class EvalConfig(Section):
     max_len_b: int = Field(10, ge=1, le=MAX_POSITIONS, description="see max_len_a")
     max_tokens: int = Field(8000, ge=16, le=MAX_BATCH_TOKENS, description="source tokens per decoding batch")
     bleu: StrictBool = Field(True, description="decode the validation set and score BLEU at each evaluation")
+    bleu_tokenize: str = Field(
+        "auto",
+        description="sacreBLEU's tokenizer for every BLEU of the run (validation, best.pt, test, translate, "
+        "evaluate): auto picks it from data.tgt_lang as sacreBLEU does (zh, zh-TW, cmn, yue: zh; ja: ja-mecab; "
+        "ko: ko-mecab; else 13a), or name one: 13a, intl, zh, char, ja-mecab, ko-mecab, none, flores101, "
+        "flores200, ... (a checkpoint from before this key scores with 13a)",
+    )
+
+    @field_validator("bleu_tokenize")
+    @classmethod
+    def _known_tokenizer(cls, value: str) -> str:
+        return check_bleu_tokenize(value)
+
+
+def check_bleu_tokenize(value: str) -> str:
+    """`value` if it is `auto` or a tokenizer the installed sacreBLEU offers (its own list), else a ValueError
+    listing them (pydantic reports it under the key; the CLI options turn it into a UserError)."""
+    from transformer_cli.metrics.bleu import AUTO, tokenizer_names
+
+    names = tokenizer_names()
+    if value != AUTO and value not in names:
+        raise ValueError(
+            f"unknown BLEU tokenizer {value[:40]!r}; expected auto or one of sacreBLEU's: {', '.join(names)}"
+        )
+    return value
 
 
 class TranslationTrainConfig(TrainConfig):
@@ -330,6 +370,10 @@ class TranslationRunConfig(Section):
                     f"data.train and data.{key} are both {d.train!r}: a run validates and tests on text it does "
                     f"not train on; name another split (or data.test: null for none)"
                 )
+        if d.format == "tsv" and d.src_column == d.tgt_column:
+            raise ValueError(f"data.src_column and data.tgt_column are both {d.src_column}: name two columns")
+        if d.format == "text" and (d.src_column, d.tgt_column) != (0, 1):
+            raise ValueError("data.src_column and data.tgt_column choose columns of data.format: tsv; add it")
         if m.d_model % m.heads:
             raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
         if m.d_model % 2:
@@ -844,7 +888,11 @@ def config_kind(raw: dict[str, Any]) -> str:
         value = raw.get(section)
         return set(value) if isinstance(value, dict) else set()
 
-    bert = "layers" in keys("model") or {"format", "max_seq_len"} & keys("data") or "batch_size" in keys("train")
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    # data.format is a key of both; translation's takes `tsv` (or comes with its language keys), BERT's wikitext
+    translation_format = data.get("format") == "tsv" or {"src_lang", "tgt_lang", "src_column", "tgt_column"} & set(data)
+    bert_data = "max_seq_len" in data or ("format" in data and not translation_format)
+    bert = "layers" in keys("model") or bert_data or "batch_size" in keys("train")
     return "bert" if bert else "translation"
 
 
