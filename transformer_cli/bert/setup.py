@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any
 from transformer_cli.config import BertRunConfig, FinetuneRunConfig
 from transformer_cli.core.console import say
 from transformer_cli.core.errors import UserError
+from transformer_cli.core.sentences import heading_level, split_sentences
 from transformer_cli.core.text import (
     LineIndex,
     check_document_counts,
     fingerprint,
-    heading_level,
     index_lines,
-    split_sentences,
     stream_lines,
 )
 from transformer_cli.data.shards import BLOCK_LINES, Manifest, lines_of, preprocess_documents, reservoir
