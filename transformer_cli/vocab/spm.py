@@ -14,6 +14,7 @@ import sentencepiece as spm
 
 from transformer_cli.core.cjk import IDEOGRAPH_CLASS, cjk_share
 from transformer_cli.core.errors import UserError
+from transformer_cli.core.text import stream_lines
 
 # sentencepiece's trainer gives other pieces on another thread count (1, 2 and 4 threads: three different
 # vocabularies of the toy corpus), so it is fixed, not the machine's cores: the same data and settings give the
@@ -153,8 +154,6 @@ def resolve_coverage(value: float | str, langs: Iterable[str], text: Iterable[st
 
 def head_lines(paths: Iterable[Path], lines: int = 10_000) -> Iterator[str]:
     """The first `lines` lines of each file (what vocab.character_coverage: auto looks at)."""
-    from transformer_cli.core.text import stream_lines
-
     for path in paths:
         blocks = stream_lines(path)
         yield from itertools.islice(itertools.chain.from_iterable(blocks), lines)
