@@ -4,6 +4,7 @@ attention maps of Chinese pieces drawn with a CJK font and no warning (or one li
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +74,15 @@ def test_chinese_translation_and_attention_maps(en_zh_run, tmp_path):
         assert "note:" not in result.stderr
     else:
         assert result.stderr.count(figures.NO_CJK_FONT) == 1  # one line for the eight figures
+
+
+def test_plot_of_a_run_named_in_chinese(en_zh_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "中文翻译模型"
+    shutil.copytree(en_zh_run, run, ignore=shutil.ignore_patterns("*.pt"))
+    result = run_tcli("plot", str(run))
+    assert result.returncode == 0, result.stderr
+    assert (run / "curves.png").read_bytes().startswith(b"\x89PNG")
+    assert "Glyph" not in result.stderr and "missing from" not in result.stderr
+    if figures.cjk_font() is not None:
+        assert "note:" not in result.stderr
