@@ -270,6 +270,7 @@ def _draw_heatmaps(
     xlabel: str,
     ylabel: str,
 ) -> None:
+    """The figure of `heatmaps`, drawn and saved (inside its `text_fonts`)."""
     cell, font, margin = _sizes(len(rows), len(cols), max(map(text_width, rows + cols), default=1))
     panel_w, panel_h = cell * len(cols) + margin + 0.4, cell * len(rows) + margin + 0.3
     # side by side up to about 22 inches; panels much wider than tall go one under the other
