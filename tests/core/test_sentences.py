@@ -80,6 +80,11 @@ def test_mixed_text(text, expected):
     assert split_sentences(text) == expected
 
 
+def test_six_dots_end_a_sentence_only_after_chinese():
+    assert split_sentences("他想了想......没有说话。") == ["他想了想......", "没有说话。"]
+    assert split_sentences("Wait...... what? Fine.") == ["Wait...... what?", "Fine."]
+
+
 def test_spaces_between_chinese_sentences_are_dropped():
     assert split_sentences("第一句。 第二句！  第三句") == ["第一句。", "第二句！", "第三句"]
 

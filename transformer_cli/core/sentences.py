@@ -13,9 +13,9 @@ _WIDE = WIDE.pattern[1:-1]  # the CJK characters, for character classes below
 _LATIN_END = re.compile(rf"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9]|[{_WIDE}])")
 
 _CLOSERS = "」』”’）】》〉〕］｝〗〙\"')"  # closing quotes and brackets stay with the sentence they end
-# Chinese and Japanese: 。！？ (and a run of them: ！？ ？！), ! ? right after a CJK character, an ellipsis (…… or
-# six dots), then the closing quotes and brackets; no space needs to follow.
-_CJK_END = re.compile(rf"(?:[。！？｡]|(?<=[{_WIDE}])[!?]|…{{2,}}|\.{{6,}})[。！？｡!?…]*[{re.escape(_CLOSERS)}]*\s*")
+# Chinese and Japanese: 。！？ (and a run of them: ！？ ？！), an ellipsis ……, ! ? or six dots right after a CJK
+# character (in Latin text they keep the Latin rule), then the closing quotes and brackets; no space needs to follow.
+_CJK_END = re.compile(rf"(?:[。！？｡]|(?<=[{_WIDE}])(?:[!?]|\.{{6,}})|…{{2,}})[。！？｡!?…]*[{re.escape(_CLOSERS)}]*\s*")
 # After the end of a sentence in a quote: a comma or colon continues it (“好！”，他说), so does Japanese 「…。」と.
 _CONTINUES = "，、,：:；;"
 _QUOTATIVE = re.compile("[」』]と")
