@@ -256,41 +256,27 @@ def heatmaps(
         title += f" of {len(cols)} pieces drawn)"
         panels = [(name, m[:HEATMAP_MAX_PIECES, :HEATMAP_MAX_PIECES]) for name, m in panels]
         rows, cols = rows[:HEATMAP_MAX_PIECES], cols[:HEATMAP_MAX_PIECES]
-    with text_fonts([title, *rows, *cols]):
-        _draw_heatmaps(figure_module, path, panels, rows, cols, title, xlabel, ylabel)
-
-
-def _draw_heatmaps(
-    figure_module: Any,
-    path: Path,
-    panels: list[tuple[str, np.ndarray]],
-    rows: list[str],
-    cols: list[str],
-    title: str,
-    xlabel: str,
-    ylabel: str,
-) -> None:
-    """The figure of `heatmaps`, drawn and saved (inside its `text_fonts`)."""
-    cell, font, margin = _sizes(len(rows), len(cols), max(map(text_width, rows + cols), default=1))
-    panel_w, panel_h = cell * len(cols) + margin + 0.4, cell * len(rows) + margin + 0.3
-    # side by side up to about 22 inches; panels much wider than tall go one under the other
-    ncols = 1 if panel_w > 2.5 * panel_h else max(1, min(len(panels), int(22 // panel_w)))
-    nrows = math.ceil(len(panels) / ncols)
-    fig = figure_module.Figure(figsize=(panel_w * ncols + 1.2, panel_h * nrows + 0.4), layout="constrained")
-    fig.suptitle(printable(title), fontsize=max(font + 2, 10))
-    if vmax is None:
-        vmax = max(float(m.max()) for _, m in panels) or 1.0
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    image = None
-    for ax, (name, matrix) in zip(axes.flat, panels):
-        image = ax.imshow(matrix, cmap="viridis", vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
-        ax.set_title(name, fontsize=font + 1)
-        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=font)
-        ax.set_yticks(range(len(rows)), rows, fontsize=font)
-        ax.set_xlabel(xlabel, fontsize=font + 1)
-        ax.set_ylabel(ylabel, fontsize=font + 1)
-        ax.tick_params(length=2, pad=1)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
-    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=bar_label)
-    save_figure(fig, path, dpi=100 if max(len(rows), len(cols)) <= 40 else 130)
+    with text_fonts([title, *rows, *cols]):  # created and saved under the fonts of its text
+        cell, font, margin = _sizes(len(rows), len(cols), max(map(text_width, rows + cols), default=1))
+        panel_w, panel_h = cell * len(cols) + margin + 0.4, cell * len(rows) + margin + 0.3
+        # side by side up to about 22 inches; panels much wider than tall go one under the other
+        ncols = 1 if panel_w > 2.5 * panel_h else max(1, min(len(panels), int(22 // panel_w)))
+        nrows = math.ceil(len(panels) / ncols)
+        fig = figure_module.Figure(figsize=(panel_w * ncols + 1.2, panel_h * nrows + 0.4), layout="constrained")
+        fig.suptitle(printable(title), fontsize=max(font + 2, 10))
+        if vmax is None:
+            vmax = max(float(m.max()) for _, m in panels) or 1.0
+        axes = fig.subplots(nrows, ncols, squeeze=False)
+        image = None
+        for ax, (name, matrix) in zip(axes.flat, panels):
+            image = ax.imshow(matrix, cmap="viridis", vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
+            ax.set_title(name, fontsize=font + 1)
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=font)
+            ax.set_yticks(range(len(rows)), rows, fontsize=font)
+            ax.set_xlabel(xlabel, fontsize=font + 1)
+            ax.set_ylabel(ylabel, fontsize=font + 1)
+            ax.tick_params(length=2, pad=1)
+        for ax in list(axes.flat)[len(panels) :]:
+            ax.set_visible(False)
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=bar_label)
+        save_figure(fig, path, dpi=100 if max(len(rows), len(cols)) <= 40 else 130)
