@@ -196,10 +196,19 @@ class VocabConfig(Section):
     FILE_KEYS = ("model",)
 
     size: int = Field(8000, ge=16, le=1_000_000, description="target vocabulary size (an upper bound)")
-    type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
+    type: Literal["unigram", "bpe", "char"] = Field(
+        "unigram", description="sentencepiece model type (char: every character a piece)"
+    )
     joint: StrictBool = Field(True, description="one vocabulary for source and target (needed to share embeddings)")
-    character_coverage: float = Field(
-        1.0, ge=0.98, le=1.0, description="share of characters covered (sentencepiece accepts 0.98 to 1)"
+    character_coverage: float | Literal["auto"] = Field(
+        "auto",
+        description="share of characters covered (sentencepiece accepts 0.98 to 1); auto: 0.9995 when a language "
+        "(data.src_lang/tgt_lang) is zh, ja or ko or the training text is mostly CJK, else 1.0",
+    )
+    split_cjk: StrictBool = Field(
+        False,
+        description="every CJK ideograph a token of its own, as in the Chinese BERTs (other scripts stay subwords); "
+        "for vocabularies tcli trains",
     )
     max_sentences: int = Field(
         1_000_000,
@@ -209,6 +218,13 @@ class VocabConfig(Section):
         "the vocabulary (sentencepiece needs about 17 bytes per character: under 1 GB)",
     )
     model: str | None = Field(None, description="an existing sentencepiece .model to use instead of training one")
+
+    @field_validator("character_coverage")
+    @classmethod
+    def _coverage(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0.98 <= value <= 1.0:
+            raise ValueError("sentencepiece accepts 0.98 to 1 (or auto)")
+        return value
 
 
 class TrainConfig(Section):

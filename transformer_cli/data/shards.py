@@ -36,14 +36,13 @@ import numpy as np
 
 from transformer_cli.core.errors import UserError, quote
 from transformer_cli.core.files import write_atomic
+from transformer_cli.core.sentences import heading_level, split_sentences
 from transformer_cli.core.text import (
     Block,
     LineIndex,
     check_document_counts,
     fingerprint,
-    heading_level,
     read_block,
-    split_sentences,
 )
 
 FORMAT = "tcli-shards/1"

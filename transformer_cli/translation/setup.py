@@ -25,7 +25,14 @@ from transformer_cli.data.translation import (
 from transformer_cli.metrics.bleu import usable_tokenizer
 from transformer_cli.train.lifecycle import run_training
 from transformer_cli.train.task_setup import SetupBase, vocab_settings
-from transformer_cli.vocab.spm import Vocab, check_translation_vocab, load_model_file, train_vocab
+from transformer_cli.vocab.spm import (
+    Vocab,
+    check_translation_vocab,
+    head_lines,
+    load_model_file,
+    resolve_coverage,
+    train_vocab,
+)
 
 if TYPE_CHECKING:
     from transformer_cli.checkpoint import Checkpoint
@@ -44,6 +51,7 @@ class TranslationSetup(SetupBase):
         self._fingerprint: str | None = None
         self.given_vocab: Vocab | None = None  # vocab.model, read by read_data
         self._indexes: dict[str, tuple[LineIndex, LineIndex]] = {}  # the text files' blocks, found by read_data
+        self._coverage: float | None = None
 
     def split_names(self) -> list[str]:
         return [split.name for split in self.split_files()]
@@ -125,7 +133,20 @@ class TranslationSetup(SetupBase):
         return ["joint"] if self.cfg.vocab.joint else ["src", "tgt"]
 
     def vocab_settings(self) -> dict[str, Any]:
-        return vocab_settings(self.kind, self.cfg.vocab, self.cfg.train.seed, self.data_fingerprint())
+        return vocab_settings(self.kind, self.cfg.vocab, self.cfg.train.seed, self.data_fingerprint(), self.coverage())
+
+    def coverage(self) -> float:
+        """vocab.character_coverage, auto resolved from the languages or the training text (a preprocessed
+        folder's: the value it was made with)."""
+        if self._coverage is None:
+            v, d, manifest = self.cfg.vocab, self.cfg.data, self.preprocessed()
+            if v.character_coverage == "auto" and manifest is not None:
+                self._coverage = manifest.data["vocab_settings"]["vocab"].get("character_coverage", 1.0)
+            else:
+                train = self.split_files()[0]
+                text = head_lines([train.src, train.tgt])
+                self._coverage = resolve_coverage(v.character_coverage, [d.src_lang, d.tgt_lang], text)
+        return self._coverage
 
     def train_vocabs(self, quiet: bool) -> list[Vocab]:
         manifest, v = self.preprocessed(), self.cfg.vocab
@@ -149,10 +170,11 @@ class TranslationSetup(SetupBase):
                     sample,
                     v.size,
                     v.type,
-                    v.character_coverage,
+                    self.coverage(),
                     v.max_sentences,
                     self.cfg.train.seed,
                     source=f"the {train.name} split",
+                    split_cjk=v.split_cjk,
                 )
             )
         return vocabs
