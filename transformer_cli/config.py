@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from transformer_cli.core.buckets import bucket
 from transformer_cli.core.errors import UserError, quote
+from transformer_cli.core.kinds import TASK_KINDS
 from transformer_cli.metrics import task_metrics
 
 
@@ -643,7 +644,7 @@ class BertRunConfig(Section):
 class FinetuneTaskConfig(Section):
     """What is learnt: the head and the metrics."""
 
-    kind: Literal["classification", "regression", "tagging"] = Field(
+    kind: Literal[tuple(TASK_KINDS)] = Field(  # type: ignore[valid-type]  (one module per kind: kinds/)
         "classification", description="a label per text (or pair), one number per text, or a tag per word"
     )
     glue: str | None = Field(
@@ -768,12 +769,12 @@ class FinetuneRunConfig(Section):
                     f"data.{key} is set but task.glue ({self.task.glue}) gives the task's files and columns; "
                     "remove it (data.dir names the GLUE folder)"
                 )
-        elif self.task.kind == "tagging":
+        elif TASK_KINDS[self.task.kind].reads == "conll":
             key = next((k for k in ("text", "pair", "label") if getattr(d, k) != getattr(defaults, k)), None)
             if key is not None:
                 raise ValueError(
-                    f"data.{key} names a table column, but tagging reads CoNLL files (a word and its tag per "
-                    "line); remove it"
+                    f"data.{key} names a table column, but {self.task.kind} reads CoNLL files (a word and its tag "
+                    "per line); remove it"
                 )
         else:  # one column in two roles: the label read as input (the model learns to copy it), or a text twice
             columns = [("text", d.text), ("pair", d.pair), ("label", d.label)]

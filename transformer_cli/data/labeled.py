@@ -29,7 +29,8 @@ from transformer_cli.core.errors import DECIMAL, UserError, quote
 from transformer_cli.core.files import check_file
 from transformer_cli.core.text import BOM, decode_text, decode_utf8, read_error, text_error
 
-KINDS = ("classification", "regression")
+# How a table's label is read (a task kind's `label_form`): a class name kept as a string, or a finite number.
+LABEL_FORMS = ("classification", "regression")
 DOCSTART = "-DOCSTART-"
 ZWJ = "\u200d"  # the one format character a label may hold: it joins emoji ("👩\u200d💻" is one)
 
@@ -235,8 +236,8 @@ def read_table(path: Path, text: str, pair: str | None, label: str | None, kind:
         UserError: one line naming the file (and the line) for an unknown suffix, a missing column, a row of the
             wrong length, an empty text, a missing or invalid label, invalid UTF-8, or a file without examples.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if kind not in LABEL_FORMS:
+        raise ValueError(f"kind must be one of {LABEL_FORMS}, not {kind!r}")
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".tsv":
@@ -403,27 +404,6 @@ def look_alike(labels: Sequence[str]) -> list[tuple[str, str]]:
             key = label.casefold()
         groups.setdefault(key, []).append(label)
     return [(group[0], group[1]) for group in groups.values() if len(group) > 1]
-
-
-def check_scorable(kind: str, metrics: Sequence[str], dev: dict[Path | str, list[Any]]) -> None:
-    """A dev set (or a file tcli evaluate scores) on which a chosen metric is the same for every model: Pearson
-    and Spearman of one gold score are undefined (0 here), MCC of one class is 0. best.pt would be chosen on
-    that constant, and evaluate would print it as a score."""
-    for path, examples in dev.items():
-        golds = {ex.label for ex in examples if isinstance(ex, TextExample)}
-        if len(golds) != 1:
-            continue
-        (gold,) = golds
-        if kind == "regression" and {"pearson", "spearman"} & set(metrics):
-            raise UserError(
-                f"{path}: every example has the score {gold:g}, on which Pearson and Spearman are undefined (any "
-                "model would score 0); give examples with different scores"
-            )
-        if kind == "classification" and "mcc" in metrics:
-            raise UserError(
-                f"{path}: every example has the label {quote(gold)}, on which MCC is 0 for any model; give examples "
-                "with more than one label, or score it with accuracy"
-            )
 
 
 def check_labels(examples: Sequence[TextExample] | Sequence[TaggedSentence], labels: Sequence[str], path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,9 +19,14 @@ from transformer_cli.config import BertModelConfig
 from transformer_cli.core.buckets import bucket
 from transformer_cli.core.errors import UserError, finite_number
 from transformer_cli.data.labeled import invisible
+from transformer_cli.kinds.base import Kind
+from transformer_cli.kinds.features import Features, encode_tagged, encode_texts
+from transformer_cli.kinds.registry import KINDS
 from transformer_cli.metrics import task_metrics
 from transformer_cli.models.losses import IGNORE
-from transformer_cli.vocab.bert_tokenizer import BertTokenizer, pack
+from transformer_cli.vocab.bert_tokenizer import BertTokenizer
+
+__all__ = ["Features", "encode_tagged", "encode_texts"]  # (their home is features.py; read from here too)
 
 if TYPE_CHECKING:
     from transformer_cli.runtime.device import Runtime
@@ -33,7 +38,7 @@ if TYPE_CHECKING:
 class FinetuneMeta:
     """Stored in every fine-tuned checkpoint under "finetune"."""
 
-    kind: str  # classification | regression | tagging
+    kind: str  # a name of registry.KINDS: classification | regression | tagging
     labels: list[str]  # the label set, in id order (empty for regression)
     encoder: BertModelConfig  # resolved sizes of the encoder
     vocab_size: int  # rows of the token embedding (an HF model may have more than its tokenizer's tokens)
@@ -42,8 +47,13 @@ class FinetuneMeta:
     classifier_dropout: float = 0.1
 
     @property
+    def task_kind(self) -> Kind:
+        """The kind's behaviour (kinds/<kind>.py)."""
+        return KINDS[self.kind]
+
+    @property
     def outputs(self) -> int:
-        return 1 if self.kind == "regression" else len(self.labels)
+        return self.task_kind.outputs(self.labels)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -58,16 +68,16 @@ class FinetuneMeta:
 
     @classmethod
     def from_state(cls, state: Any, source: str) -> FinetuneMeta:
-        if not isinstance(state, dict) or state.get("kind") not in ("classification", "regression", "tagging"):
+        if not isinstance(state, dict) or not isinstance(state.get("kind"), str) or state["kind"] not in KINDS:
             raise UserError(f"{source}: the fine-tuning metadata is missing or damaged")
         labels = state.get("labels")
-        fewest = {"classification": 2, "regression": 0, "tagging": 1}[state["kind"]]  # as training has them
+        kind = KINDS[state["kind"]]
         if (
             not isinstance(labels, list)
             or not all(isinstance(x, str) for x in labels)
             or len(set(labels)) != len(labels)
             or any(invisible(label) for label in labels)  # as training refuses them
-            or not fewest <= len(labels) <= (0 if state["kind"] == "regression" else 10**6)
+            or not kind.fewest_labels <= len(labels) <= kind.most_labels  # as training has them
         ):
             raise UserError(f"{source}: the stored label set of its {state['kind']} head is damaged")
         from transformer_cli.config import build_config
@@ -101,72 +111,8 @@ def build_classifier(meta: FinetuneMeta) -> nn.Module:
     if e.d_model % e.heads:
         raise ValueError(f"d_model ({e.d_model}) must be divisible by heads ({e.heads})")
     encoder = build_bert(e, meta.vocab_size, pad_id=meta.tokenizer.pad_id, pretraining_heads=False)
-    return BertClassifier(encoder, meta.kind, meta.outputs, meta.classifier_dropout)
-
-
-# ----------------------------------------------------------------------------- examples -> features
-
-
-@dataclass
-class Features:
-    """Encoded examples: ids and token types per example, its label (a class id, a float, or per-position tags
-    with IGNORE), and, for tagging, the position of each word's first piece."""
-
-    ids: list[list[int]] = field(default_factory=list)
-    types: list[list[int]] = field(default_factory=list)
-    labels: list[Any] = field(default_factory=list)
-    first_pieces: list[list[int]] = field(default_factory=list)
-    truncated: int = 0  # examples cut to max_seq_len
-    words_lost: int = 0  # tagging: words cut off with them (predicted as the first label, scored as wrong)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-def encode_texts(
-    tokenizer: BertTokenizer,
-    texts: Sequence[str],
-    pairs: Sequence[str] | None,
-    labels: Sequence[Any] | None,
-    max_len: int,
-) -> Features:
-    """`[CLS] a [SEP] (b [SEP])` for each example, cut to `max_len` (longest side first)."""
-    a_ids = tokenizer.encode(list(texts))
-    b_ids = tokenizer.encode(list(pairs)) if pairs is not None else [None] * len(a_ids)
-    out = Features()
-    for i, (a, b) in enumerate(zip(a_ids, b_ids)):
-        ids, types, cut = pack(a, b, max_len, tokenizer.cls_id, tokenizer.sep_id)
-        out.ids.append(ids)
-        out.types.append(types)
-        out.labels.append(labels[i] if labels is not None else None)
-        out.truncated += cut
-    return out
-
-
-def encode_tagged(
-    tokenizer: BertTokenizer, sentences: Sequence[Sequence[str]], tags: Sequence[Sequence[int]] | None, max_len: int
-) -> Features:
-    """`[CLS] pieces [SEP]` for each sentence; a word's tag sits at its first piece, IGNORE elsewhere."""
-    out = Features()
-    for i, words in enumerate(sentences):
-        ids, labels, firsts = [tokenizer.cls_id], [IGNORE], []
-        for j, pieces in enumerate(tokenizer.encode_words(list(words))):
-            if len(ids) + len(pieces) > max_len - 1:
-                pieces = pieces[: max(0, max_len - 1 - len(ids))]
-                if not pieces:
-                    break
-            firsts.append(len(ids))
-            ids += pieces
-            labels += [tags[i][j] if tags is not None else IGNORE] + [IGNORE] * (len(pieces) - 1)
-        if len(firsts) < len(words) or len(ids) + 1 > max_len:
-            out.truncated += 1
-            out.words_lost += len(words) - len(firsts)
-        ids, labels = ids[: max_len - 1] + [tokenizer.sep_id], labels[: max_len - 1] + [IGNORE]
-        out.ids.append(ids)
-        out.types.append([0] * len(ids))
-        out.labels.append(labels)
-        out.first_pieces.append(firsts)
-    return out
+    kind = meta.task_kind
+    return BertClassifier(encoder, meta.outputs, meta.classifier_dropout, per_token=kind.per_token, loss=kind.loss)
 
 
 # ----------------------------------------------------------------------------- batches
@@ -218,11 +164,11 @@ class ClassifierBatch:
 def collate(
     features: Features, rows: Sequence[int], pad_id: int, kind: str, length: int | None = None
 ) -> ClassifierBatch:
-    """Rows of `features` padded to the longest of them (or to `length`)."""
+    """Rows of `features` padded to the longest of them (or to `length`); `kind` names the task's kind."""
     T = length or max(len(features.ids[r]) for r in rows)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     types = torch.zeros((len(rows), T), dtype=torch.long)
-    tagged = kind == "tagging"
+    tagged = KINDS[kind].per_token
     labels = torch.full((len(rows), T), IGNORE, dtype=torch.long) if tagged else None
     values: list[Any] = []
     for i, r in enumerate(rows):
@@ -234,7 +180,7 @@ def collate(
         else:
             values.append(features.labels[r])
     if not tagged and values and values[0] is not None:
-        labels = torch.tensor(values, dtype=torch.float32 if kind == "regression" else torch.long)
+        labels = torch.tensor(values, dtype=KINDS[kind].label_dtype)
     items = int(labels.ne(IGNORE).sum()) if tagged else len(rows)
     return ClassifierBatch(ids, types, labels, items, int(sum(len(features.ids[r]) for r in rows)))
 
@@ -273,6 +219,7 @@ def predict_logits(
 ) -> list[Tensor]:
     """The float32 logits of every example, in the examples' order: (C,), (1,) or, for tagging, (words, C).
     Each batch is padded to `batch_width(its longest, 1, limit, ...)`, the widths training takes."""
+    per_token = KINDS[kind].per_token
     was_training = model.training
     model.eval()
     out: list[Tensor | None] = [None] * len(features)
@@ -283,29 +230,14 @@ def predict_logits(
             logits = model(batch.input_ids.to(runtime.device), batch.segment_ids.to(runtime.device))
         logits = logits.float().cpu()
         for i, r in enumerate(rows):
-            out[r] = logits[i, features.first_pieces[r]] if kind == "tagging" else logits[i]
+            out[r] = logits[i, features.first_pieces[r]] if per_token else logits[i]
     model.train(was_training)
     return out  # type: ignore[return-value]
 
 
-def decide(kind: str, logits: list[Tensor]) -> tuple[list[Any], list[float]]:
-    """(predictions, confidence): class ids and their softmax probability; the regression score (twice);
-    for tagging, per-word tag ids and the sentence's mean probability."""
-    preds: list[Any] = []
-    probs: list[float] = []
-    for row in logits:
-        if kind == "regression":
-            preds.append(float(row[0]))
-            probs.append(float(row[0]))
-        elif kind == "tagging":
-            p = row.softmax(-1)
-            preds.append(p.argmax(-1).tolist())
-            probs.append(float(p.max(-1).values.mean()) if p.numel() else 1.0)
-        else:
-            p = row.softmax(-1)
-            preds.append(int(p.argmax()))
-            probs.append(float(p.max()))
-    return preds, probs
+def decide(meta: FinetuneMeta, logits: list[Tensor]) -> tuple[list[Any], list[float]]:
+    """(predictions, confidence) of each example's logits, as the kind decides (`Kind.decide`)."""
+    return meta.task_kind.decide(meta, logits)
 
 
 # ----------------------------------------------------------------------------- scoring (training and tcli evaluate)
@@ -314,32 +246,15 @@ EVAL_ROWS = 64  # examples per evaluation batch (length-sorted: little padding)
 
 
 def features_of(meta: FinetuneMeta, examples: list[Any]) -> Features:
-    """Examples (with labels as ids, floats or tag ids) -> encoded features under the model's tokenizer."""
-    index = {label: i for i, label in enumerate(meta.labels)}
-    if meta.kind == "tagging":
-        sentences = [ex.words for ex in examples]
-        tagged = all(ex.tags is not None for ex in examples)
-        tags = [[index[t] for t in ex.tags] for ex in examples] if tagged else None
-        return encode_tagged(meta.tokenizer, sentences, tags, meta.max_seq_len)
-    pairs = [ex.pair or "" for ex in examples] if any(ex.pair is not None for ex in examples) else None
-    labelled = all(ex.label is not None for ex in examples)
-    labels = None
-    if labelled:
-        labels = [float(ex.label) if meta.kind == "regression" else index[ex.label] for ex in examples]
-    return encode_texts(meta.tokenizer, [ex.text for ex in examples], pairs, labels, meta.max_seq_len)
+    """Examples -> encoded features under the model's tokenizer (labels as the kind keeps them: ids, floats or
+    tag ids), with labels when every example has one."""
+    return meta.task_kind.features(meta, examples)
 
 
 def score(meta: FinetuneMeta, metrics: Sequence[str], examples: list[Any], preds: list[Any]) -> dict[str, float]:
     """The task's metrics of predictions (ids, floats or tag-id lists) against the examples' labels, and
     "score": their mean (GLUE's score of a task), which selects best.pt."""
-    if meta.kind == "tagging":
-        gold = [list(ex.tags) for ex in examples]
-        pred = [[meta.labels[i] for i in p] + ["O"] * (len(g) - len(p)) for p, g in zip(preds, gold)]
-    elif meta.kind == "regression":
-        gold, pred = [float(ex.label) for ex in examples], preds
-    else:
-        index = {label: i for i, label in enumerate(meta.labels)}
-        gold, pred = [index[ex.label] for ex in examples], preds
+    pred, gold = meta.task_kind.scored(meta, examples, preds)
     results = task_metrics.compute(metrics, pred, gold)
     results["score"] = task_metrics.main_value(results, metrics)
     return results
@@ -361,7 +276,7 @@ def evaluate_examples(
     features = features if features is not None else features_of(meta, examples)
     batches = length_order(features, EVAL_ROWS)
     logits = predict_logits(model, features, batches, meta.tokenizer.pad_id, meta.kind, runtime, meta.max_seq_len)
-    preds, _ = decide(meta.kind, logits)
+    preds, _ = decide(meta, logits)
     if non_finite(logits, refuse_non_finite):
         return {**dict.fromkeys(metrics, math.nan), "score": math.nan}, preds
     return score(meta, metrics, examples, preds), preds
@@ -376,11 +291,3 @@ def non_finite(logits: list[Tensor], refuse: str | None = None) -> int:
             "weights grew past the float range while it trained); use an earlier checkpoint of the run"
         )
     return bad
-
-
-# the Hugging Face class that holds a model of each kind (export-hf, count-params)
-HF_CLASSES = {
-    "classification": "BertForSequenceClassification",
-    "regression": "BertForSequenceClassification",
-    "tagging": "BertForTokenClassification",
-}

@@ -16,10 +16,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from transformer_cli.core.kinds import TASK_KINDS
+
 METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman", "entity_f1", "entity_precision", "entity_recall")
 _ENTITY = ("entity_f1", "entity_precision", "entity_recall")
-# The metrics that score each kind of task's predictions: label ids, numbers, sentences of tags.
-BY_KIND = {"classification": ("accuracy", "f1", "mcc"), "regression": ("pearson", "spearman"), "tagging": _ENTITY}
+# The metrics that score each kind of task's predictions (label ids, numbers, sentences of tags): core/kinds.py's.
+BY_KIND = {name: kind.metrics for name, kind in TASK_KINDS.items()}
 
 
 def _pair(pred: Sequence, gold: Sequence, dtype: type) -> tuple[np.ndarray, np.ndarray]:
