@@ -645,7 +645,9 @@ class FinetuneTaskConfig(Section):
     """What is learnt: the head and the metrics."""
 
     kind: Literal[tuple(TASK_KINDS)] = Field(  # type: ignore[valid-type]  (one module per kind: kinds/)
-        "classification", description="a label per text (or pair), one number per text, or a tag per word"
+        "classification",
+        description="a label per text (or pair), one number per text, a tag per word, or a set of labels per text "
+        "(multilabel)",
     )
     glue: str | None = Field(
         None,
@@ -655,8 +657,21 @@ class FinetuneTaskConfig(Section):
     metrics: list[str] | None = Field(
         None,
         description="metrics of each evaluation, whose mean selects best.pt (null: the task's): accuracy, f1, "
-        "mcc (classification); pearson, spearman (regression); entity_f1, entity_precision, entity_recall (tagging)",
+        "mcc (classification); pearson, spearman (regression); entity_f1, entity_precision, entity_recall (tagging); "
+        "macro_f1, micro_f1, subset_accuracy (multilabel)",
     )
+    threshold: float | Literal["tune"] = Field(
+        0.5,
+        description="multilabel: a label is predicted when its sigmoid probability is above this (0 to 1), or tune: "
+        "at each evaluation the threshold (0.05 to 0.95) that scores best on the dev set, kept in the checkpoint",
+    )
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold_inside(cls, value: float | str) -> float | str:
+        if not isinstance(value, str) and not 0.0 < value < 1.0:
+            raise ValueError("a probability threshold is between 0 and 1 (exclusive), or tune")
+        return value
 
 
 class FinetuneDataConfig(Section):
@@ -673,6 +688,9 @@ class FinetuneDataConfig(Section):
     text: str = Field("sentence", min_length=1, description="column of the text (the first of a pair)")
     pair: str | None = Field(None, description="column of the second text of a pair (null: single texts)")
     label: str = Field("label", min_length=1, description="column of the label (or the regression target)")
+    label_separator: str = Field(
+        ",", min_length=1, description='multilabel: what separates the labels of a TSV/CSV field ("4,27")'
+    )
     max_seq_len: int = Field(
         128, ge=8, le=MAX_POSITIONS, description="pieces per example, [CLS] and [SEP]s included; longer are cut"
     )
@@ -784,6 +802,8 @@ class FinetuneRunConfig(Section):
                     raise ValueError(
                         f"data.{key} and data.{other} both name the column {column!r}; each role needs its own column"
                     )
+        if self.task.threshold != 0.5 and not TASK_KINDS[self.task.kind].thresholded:
+            raise ValueError(f"task.threshold is for multilabel tasks, and task.kind is {self.task.kind}; remove it")
         _check_metrics(self.task)
         _check_train(self.train)
 

@@ -18,6 +18,7 @@ class KindNames:
     metrics: tuple[str, ...]  # the metrics (metrics/task_metrics.METRICS names) that score its predictions
     default_metrics: tuple[str, ...]  # task.metrics when the config leaves it out; their mean selects best.pt
     reads: str  # "table" (TSV, CSV, JSONL rows with named columns) or "conll" (a word and its tag per line)
+    thresholded: bool = False  # decides each label by a probability threshold (task.threshold)
 
 
 _ENTITY = ("entity_f1", "entity_precision", "entity_recall")
@@ -26,4 +27,5 @@ TASK_KINDS: dict[str, KindNames] = {
     "classification": KindNames(("accuracy", "f1", "mcc"), ("accuracy",), "table"),
     "regression": KindNames(("pearson", "spearman"), ("pearson", "spearman"), "table"),
     "tagging": KindNames(_ENTITY, _ENTITY, "conll"),
+    "multilabel": KindNames(("macro_f1", "micro_f1", "subset_accuracy"), ("macro_f1",), "table", thresholded=True),
 }

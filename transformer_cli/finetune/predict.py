@@ -150,7 +150,8 @@ def run_predict(
             text, pair = predictor.columns()
             glue = predictor.cfg.task.glue
             task = GLUE_TASKS[glue_key(glue)] if glue else None
-            examples = read_task_table(input_path, task, text, pair, None, predictor.meta.task_kind.label_form)
+            form = predictor.meta.task_kind.label_form
+            examples = read_task_table(input_path, task, text, pair, None, form, predictor.cfg.data.label_separator)
             return _write_all(predictor, [examples], write)
         if suffix == ".conll":
             return _write_all(predictor, [read_conll(input_path)], write)

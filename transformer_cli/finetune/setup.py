@@ -110,7 +110,7 @@ def _table(path: Path, d: Any, kind: str) -> list[TextExample]:
         raise UserError(
             f"data.format is {d.format} but {path} has the suffix {path.suffix}; rename it or fix data.format"
         )
-    return read_table(path, d.text, d.pair, d.label, kind)
+    return read_table(path, d.text, d.pair, d.label, kind, d.label_separator)
 
 
 # ----------------------------------------------------------------------------- the starting encoder
@@ -351,6 +351,7 @@ class FinetuneSetup(SetupBase):
                 source.tokenizer,
                 cfg.data.max_seq_len,
                 cfg.model.classifier_dropout,
+                cfg.task.threshold if isinstance(cfg.task.threshold, float) else 0.5,  # (tune: set at each evaluation)
             )
             self.weights, self.described = source.weights, source.description
         return self.meta

@@ -45,6 +45,7 @@ class FinetuneMeta:
     tokenizer: BertTokenizer
     max_seq_len: int
     classifier_dropout: float = 0.1
+    threshold: float = 0.5  # multilabel: a label is predicted above this probability (tuned on dev, or task.threshold)
 
     @property
     def task_kind(self) -> Kind:
@@ -64,6 +65,7 @@ class FinetuneMeta:
             "tokenizer": self.tokenizer.state(),
             "max_seq_len": self.max_seq_len,
             "classifier_dropout": self.classifier_dropout,
+            **({"threshold": self.threshold} if self.task_kind.thresholded else {}),
         }
 
     @classmethod
@@ -87,7 +89,8 @@ class FinetuneMeta:
         vocab_size = _stored(state, "vocab_size", len(tokenizer), int, len(tokenizer), 10**8, source)
         max_seq_len = _stored(state, "max_seq_len", 128, int, 8, encoder.max_positions, source)
         dropout = _stored(state, "classifier_dropout", 0.1, float, 0.0, 0.999, source)
-        return cls(state["kind"], labels, encoder, vocab_size, tokenizer, max_seq_len, dropout)
+        threshold = _stored(state, "threshold", 0.5, float, 1e-6, 1 - 1e-6, source) if kind.thresholded else 0.5
+        return cls(state["kind"], labels, encoder, vocab_size, tokenizer, max_seq_len, dropout, threshold)
 
 
 def _stored(state: dict, key: str, default: Any, kind: type, low: float, high: float, source: str) -> Any:
@@ -146,7 +149,8 @@ class ClassifierBatch:
         if ids.size(0) == 0:
             return None
         labels = self.labels[rank::world] if self.labels is not None else None
-        items = ids.size(0) if labels is None or labels.dim() == 1 else int(labels.ne(IGNORE).sum())
+        per_position = labels is not None and labels.dim() == 2 and not labels.is_floating_point()  # (B, T) tags
+        items = int(labels.ne(IGNORE).sum()) if per_position else ids.size(0)  # (multi-label: (B, C) floats)
         return ClassifierBatch(ids, self.segment_ids[rank::world], labels, items, int(ids.ne(0).sum()))
 
     def to(self, device: torch.device) -> ClassifierBatch:
@@ -255,7 +259,7 @@ def score(meta: FinetuneMeta, metrics: Sequence[str], examples: list[Any], preds
     """The task's metrics of predictions (ids, floats or tag-id lists) against the examples' labels, and
     "score": their mean (GLUE's score of a task), which selects best.pt."""
     pred, gold = meta.task_kind.scored(meta, examples, preds)
-    results = task_metrics.compute(metrics, pred, gold)
+    results = task_metrics.compute(metrics, pred, gold, meta.labels)
     results["score"] = task_metrics.main_value(results, metrics)
     return results
 
@@ -268,17 +272,21 @@ def evaluate_examples(
     features: Features | None,
     runtime: Runtime,
     refuse_non_finite: str | None = None,
+    tune: bool = False,
 ) -> tuple[dict[str, float], list[Any]]:
     """(the metrics and score, the predictions) of labelled examples: what training logs at each evaluation
     and `tcli evaluate` prints, computed by this one function. Outputs that are not finite (weights grown past
     float range) score NaN, which never becomes best.pt (argmax read NaN as class 0: a score of chance); with
-    `refuse_non_finite` (the checkpoint's name) they are a one-line error."""
+    `refuse_non_finite` (the checkpoint's name) they are a one-line error. With `tune`, the kind's decision
+    threshold is first set (in `meta`) to the one that scores best on these examples (`Kind.tuned_threshold`)."""
     features = features if features is not None else features_of(meta, examples)
     batches = length_order(features, EVAL_ROWS)
     logits = predict_logits(model, features, batches, meta.tokenizer.pad_id, meta.kind, runtime, meta.max_seq_len)
-    preds, _ = decide(meta, logits)
     if non_finite(logits, refuse_non_finite):
-        return {**dict.fromkeys(metrics, math.nan), "score": math.nan}, preds
+        return {**dict.fromkeys(metrics, math.nan), "score": math.nan}, decide(meta, logits)[0]
+    if tune:
+        meta.threshold = meta.task_kind.tuned_threshold(meta, metrics, examples, logits)
+    preds, _ = decide(meta, logits)
     return score(meta, metrics, examples, preds), preds
 
 

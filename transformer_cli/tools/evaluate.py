@@ -261,7 +261,7 @@ def _labelled_examples(
         if glue is not None:  # a file with the GLUE task's own column names (CoLA's, unnamed: sentence, label)
             text, label = (c if isinstance(c, str) else n for c, n in ((glue.text, d.text), (glue.label, d.label)))
             pair = glue.pair if isinstance(glue.pair, str) else None
-        examples = read_task_table(path, glue, text, pair, label, meta.task_kind.label_form)
+        examples = read_task_table(path, glue, text, pair, label, meta.task_kind.label_form, d.label_separator)
         unlabelled = next((ex for ex in examples if ex.label is None), None)
     if not examples:
         raise UserError(f"{path}: no examples to score")
