@@ -666,11 +666,14 @@ class FinetuneTaskConfig(Section):
         "at each evaluation the threshold (0.05 to 0.95) that scores best on the dev set, kept in the checkpoint",
     )
 
-    @field_validator("threshold")
+    @field_validator("threshold", mode="before")
     @classmethod
-    def _threshold_inside(cls, value: float | str) -> float | str:
-        if not isinstance(value, str) and not 0.0 < value < 1.0:
-            raise ValueError("a probability threshold is between 0 and 1 (exclusive), or tune")
+    def _threshold_inside(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (isinstance(value, str) and _numeric(value)):
+            return value  # (refused by Section's own check, as for every number key)
+        number = isinstance(value, (int, float))
+        if value != "tune" and not (number and 0.0 < value < 1.0):
+            raise PydanticCustomError("threshold", "a probability threshold between 0 and 1 (exclusive), or tune")
         return value
 
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 class FinetuneMeta:
     """Stored in every fine-tuned checkpoint under "finetune"."""
 
-    kind: str  # a name of registry.KINDS: classification | regression | tagging
+    kind: str  # a name of registry.KINDS: classification | regression | tagging | multilabel
     labels: list[str]  # the label set, in id order (empty for regression)
     encoder: BertModelConfig  # resolved sizes of the encoder
     vocab_size: int  # rows of the token embedding (an HF model may have more than its tokenizer's tokens)
