@@ -121,7 +121,7 @@ def finetune(runtime: Runtime, examples: int) -> dict:
 
     train, dev = features(examples), features(examples // 9)
     torch.manual_seed(0)
-    model = BertClassifier(Bert(VOCAB, 64, 2, 4, 128, max_positions=128, pretraining_heads=False), "classification", 2)
+    model = BertClassifier(Bert(VOCAB, 64, 2, 4, 128, max_positions=128, pretraining_heads=False), 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def epoch(e: int) -> None:

@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from transformer_cli.core.buckets import bucket
 from transformer_cli.core.errors import UserError, quote
+from transformer_cli.core.kinds import TASK_KINDS
 from transformer_cli.metrics import task_metrics
 
 
@@ -703,8 +704,10 @@ class BertRunConfig(Section):
 class FinetuneTaskConfig(Section):
     """What is learnt: the head and the metrics."""
 
-    kind: Literal["classification", "regression", "tagging"] = Field(
-        "classification", description="a label per text (or pair), one number per text, or a tag per word"
+    kind: Literal[tuple(TASK_KINDS)] = Field(  # type: ignore[valid-type]  (one module per kind: kinds/)
+        "classification",
+        description="a label per text (or pair), one number per text, a tag per word, or a set of labels per text "
+        "(multilabel)",
     )
     glue: str | None = Field(
         None,
@@ -714,8 +717,24 @@ class FinetuneTaskConfig(Section):
     metrics: list[str] | None = Field(
         None,
         description="metrics of each evaluation, whose mean selects best.pt (null: the task's): accuracy, f1, "
-        "mcc (classification); pearson, spearman (regression); entity_f1, entity_precision, entity_recall (tagging)",
+        "mcc (classification); pearson, spearman (regression); entity_f1, entity_precision, entity_recall (tagging); "
+        "macro_f1, micro_f1, subset_accuracy (multilabel)",
     )
+    threshold: float | Literal["tune"] = Field(
+        0.5,
+        description="multilabel: a label is predicted when its sigmoid probability is above this (0 to 1), or tune: "
+        "at each evaluation the threshold (0.05 to 0.95) that scores best on the dev set, kept in the checkpoint",
+    )
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _threshold_inside(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (isinstance(value, str) and _numeric(value)):
+            return value  # (refused by Section's own check, as for every number key)
+        number = isinstance(value, (int, float))
+        if value != "tune" and not (number and 0.0 < value < 1.0):
+            raise PydanticCustomError("threshold", "a probability threshold between 0 and 1 (exclusive), or tune")
+        return value
 
 
 class FinetuneDataConfig(Section):
@@ -739,6 +758,9 @@ class FinetuneDataConfig(Section):
     text: str = Field("sentence", min_length=1, description="column of the text (the first of a pair)")
     pair: str | None = Field(None, description="column of the second text of a pair (null: single texts)")
     label: str = Field("label", min_length=1, description="column of the label (or the regression target)")
+    label_separator: str = Field(
+        ",", min_length=1, description='multilabel: what separates the labels of a TSV/CSV field ("4,27")'
+    )
     max_seq_len: int = Field(
         128, ge=8, le=MAX_POSITIONS, description="pieces per example, [CLS] and [SEP]s included; longer are cut"
     )
@@ -835,13 +857,13 @@ class FinetuneRunConfig(Section):
                     f"data.{key} is set but task.glue ({self.task.glue}) gives the task's files and columns; "
                     "remove it (data.dir names the GLUE folder)"
                 )
-        elif self.task.kind == "tagging":
+        elif TASK_KINDS[self.task.kind].reads == "conll":
             names = ("columns", "text", "pair", "label")
             key = next((k for k in names if getattr(d, k) != getattr(defaults, k)), None)
             if key is not None:
                 raise ValueError(
-                    f"data.{key} names a table column, but tagging reads CoNLL files (a word and its tag per "
-                    "line); remove it"
+                    f"data.{key} names a table column, but {self.task.kind} reads CoNLL files (a word and its tag "
+                    "per line); remove it"
                 )
         else:  # one column in two roles: the label read as input (the model learns to copy it), or a text twice
             columns = [("text", d.text), ("pair", d.pair), ("label", d.label)]
@@ -853,6 +875,8 @@ class FinetuneRunConfig(Section):
                     )
             if d.columns is not None:
                 _check_columns(d.columns, columns)
+        if self.task.threshold != 0.5 and not TASK_KINDS[self.task.kind].thresholded:
+            raise ValueError(f"task.threshold is for multilabel tasks, and task.kind is {self.task.kind}; remove it")
         _check_metrics(self.task)
         _check_train(self.train)
 

@@ -29,7 +29,9 @@ from transformer_cli.core.errors import DECIMAL, UserError, quote
 from transformer_cli.core.files import check_file
 from transformer_cli.core.text import BOM, decode_text, decode_utf8, read_error, text_error
 
-KINDS = ("classification", "regression")
+# How a table's label is read (a task kind's `label_form`): a class name kept as a string, a finite number, or
+# a set of class names (a JSON list, or one field split on a separator: GoEmotions' "4,27").
+LABEL_FORMS = ("classification", "regression", "multilabel")
 DOCSTART = "-DOCSTART-"
 ZWJ = "\u200d"  # the one format character a label may hold: it joins emoji ("👩\u200d💻" is one)
 
@@ -40,7 +42,8 @@ class TextExample:
 
     text: str  # stripped of surrounding whitespace
     pair: str | None  # second text of a pair task, else None
-    label: str | float | None  # str for classification, float for regression, None when the file has no labels
+    # str for classification, float for regression, a tuple of names for multilabel, None when the file has no labels
+    label: str | float | tuple[str, ...] | None
     line: int  # 1-based line in the file (JSONL: its line; TSV/CSV: the physical line where the row starts)
 
 
@@ -192,7 +195,7 @@ def read_glue(data_dir: Path, task: str, split: str) -> list[TextExample]:
         )
     path = Path(data_dir) / t.folder / f"{split}.tsv"
     check_file(path, f"{path} {{what}}: {data_dir} should hold GLUE's {t.folder}/{split}.tsv (the glue_data layout)")
-    examples = _read_tsv(path, t.text, t.pair, t.label, t.kind, header=t.header)
+    examples = _read_tsv(path, t.text, t.pair, t.label, (t.kind, ","), header=t.header)
     if t.labels is not None:
         check_labels(examples, t.labels, path)
     return examples
@@ -210,6 +213,7 @@ def read_task_table(
     label: str | None,
     kind: str,
     columns: Sequence[str] | None = None,
+    separator: str = ",",
 ) -> list[TextExample]:
     """A table given to a model (tcli evaluate --input, tcli predict): `read_table` with the named columns, or,
     for a GLUE task whose files have no header (CoLA), a .tsv without such a header read as that task's own
@@ -220,13 +224,14 @@ def read_task_table(
     if task is not None and not task.header and suffix == ".tsv":
         first = next((line for line in _lines(Path(path)) if line != ""), "")
         if text not in first.split("\t"):
-            return _read_tsv(Path(path), task.text, task.pair, None if label is None else task.label, kind, False)
+            label = None if label is None else task.label  # type: ignore[assignment]
+            return _read_tsv(Path(path), task.text, task.pair, label, (kind, separator), False)
     if columns is not None and suffix != ".jsonl" and suffix != ".json":
         first = next((line for line in _lines(Path(path)) if line != ""), "")
         names = next(csv.reader([first])) if suffix == ".csv" else first.split("\t")
         if text in (name.strip() for name in names):
             columns = None
-    return read_table(path, text, pair, label, kind, columns)
+    return read_table(path, text, pair, label, kind, columns, separator=separator)
 
 
 def read_table(
@@ -237,6 +242,7 @@ def read_table(
     kind: str,
     columns: Sequence[str] | None = None,
     format: str | None = None,
+    separator: str = ",",
 ) -> list[TextExample]:
     """A user's labelled (or unlabelled) table, by its suffix: `.tsv` (and `.txt`), `.csv`, `.jsonl` or `.json`
     (JSON lines), or by `format`.
@@ -251,10 +257,12 @@ def read_table(
         text: the column (key) of the text.
         pair: the column of the second text of a pair task, or None.
         label: the column of the label, or None to read texts only (for prediction).
-        kind: "classification" (labels kept as stripped strings) or "regression" (labels must be finite floats).
+        kind: "classification" (labels kept as stripped strings), "regression" (labels must be finite floats) or
+            "multilabel" (a JSON list of names, or a field of names split on `separator`; a tuple of them).
         columns: the names of the columns of a TSV or CSV file without a header line, in order; None: the
             first line is the header. JSON lines name their keys themselves and ignore it.
         format: "tsv", "csv" or "jsonl" whatever the suffix; None: from the suffix.
+        separator: what separates the names of a multilabel field.
 
     Returns:
         The examples in file order; texts are stripped of surrounding whitespace.
@@ -263,18 +271,19 @@ def read_table(
         UserError: one line naming the file (and the line) for an unknown suffix, a missing column, a row of the
             wrong length, an empty text, a missing or invalid label, invalid UTF-8, or a file without examples.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if kind not in LABEL_FORMS:
+        raise ValueError(f"kind must be one of {LABEL_FORMS}, not {kind!r}")
     path = Path(path)
     suffix = path.suffix.lower()
+    form = (kind, separator)
     if format is None:
         format = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(suffix)
     if format == "tsv":
-        return _read_tsv(path, text, pair, label, kind, header=columns is None, names=columns)
+        return _read_tsv(path, text, pair, label, form, header=columns is None, names=columns)
     if format == "csv":
-        return _read_csv(path, text, pair, label, kind, columns)
+        return _read_csv(path, text, pair, label, form, columns)
     if format == "jsonl":
-        return _read_jsonl(path, text, pair, label, kind)
+        return _read_jsonl(path, text, pair, label, form)
     raise UserError(
         f"{path}: unknown table format {quote(path.suffix or '(no suffix)')}; the formats understood are "
         f"{', '.join(TABLE_SUFFIXES)} (.json as JSON lines, one object per line)"
@@ -380,8 +389,8 @@ def label_set(examples: Sequence[TextExample] | Sequence[TaggedSentence], path: 
             hidden = invisible(value)
             if hidden is not None:  # '1' and '1\u200b' print alike and would be two classes
                 raise UserError(
-                    f"{path}:{ex.line + i}: label {quote(value)} holds the invisible character U+{ord(hidden):04X}; "
-                    "remove it"
+                    f"{path}:{_line_of(ex, i)}: label {quote(value)} holds the invisible character "
+                    f"U+{ord(hidden):04X}; remove it"
                 )
             seen.add(value)
     if all(_is_int(s) for s in seen):
@@ -435,27 +444,6 @@ def look_alike(labels: Sequence[str]) -> list[tuple[str, str]]:
     return [(group[0], group[1]) for group in groups.values() if len(group) > 1]
 
 
-def check_scorable(kind: str, metrics: Sequence[str], dev: dict[Path | str, list[Any]]) -> None:
-    """A dev set (or a file tcli evaluate scores) on which a chosen metric is the same for every model: Pearson
-    and Spearman of one gold score are undefined (0 here), MCC of one class is 0. best.pt would be chosen on
-    that constant, and evaluate would print it as a score."""
-    for path, examples in dev.items():
-        golds = {ex.label for ex in examples if isinstance(ex, TextExample)}
-        if len(golds) != 1:
-            continue
-        (gold,) = golds
-        if kind == "regression" and {"pearson", "spearman"} & set(metrics):
-            raise UserError(
-                f"{path}: every example has the score {gold:g}, on which Pearson and Spearman are undefined (any "
-                "model would score 0); give examples with different scores"
-            )
-        if kind == "classification" and "mcc" in metrics:
-            raise UserError(
-                f"{path}: every example has the label {quote(gold)}, on which MCC is 0 for any model; give examples "
-                "with more than one label, or score it with accuracy"
-            )
-
-
 def check_labels(examples: Sequence[TextExample] | Sequence[TaggedSentence], labels: Sequence[str], path: Path) -> None:
     """Check that every label (or tag) is one of `labels`, the set fixed by training.
 
@@ -471,7 +459,7 @@ def check_labels(examples: Sequence[TextExample] | Sequence[TaggedSentence], lab
             continue
         for i, value in enumerate((values,) if isinstance(values, (str, float)) else values):
             if value not in known:
-                line = ex.line + i  # a sentence's words are consecutive lines from ex.line on
+                line = _line_of(ex, i)
                 raise UserError(
                     f"{path}:{line}: label {quote(value)} is not one the model knows ({_listing(labels)}); "
                     "correct the label, or add examples of it to the training data and train again"
@@ -479,6 +467,12 @@ def check_labels(examples: Sequence[TextExample] | Sequence[TaggedSentence], lab
 
 
 # --- helpers -------------------------------------------------------------------------------------------------
+
+
+def _line_of(ex: TextExample | TaggedSentence, i: int) -> int:
+    """The line of an example's i-th label: a sentence's words are consecutive lines from ex.line on; a row's
+    labels (multilabel) are all on its line."""
+    return ex.line + i if isinstance(ex, TaggedSentence) else ex.line
 
 
 def _fields(n: int) -> str:
@@ -528,7 +522,7 @@ def _read_tsv(
     text: str | int,
     pair: str | int | None,
     label: str | int | None,
-    kind: str,
+    kind: Form,
     header: bool,
     names: Sequence[str] | None = None,
 ) -> list[TextExample]:
@@ -538,7 +532,7 @@ def _read_tsv(
 
 
 def _read_csv(
-    path: Path, text: str, pair: str | None, label: str | None, kind: str, names: Sequence[str] | None = None
+    path: Path, text: str, pair: str | None, label: str | None, kind: Form, names: Sequence[str] | None = None
 ) -> list[TextExample]:
     def rows() -> Iterator[tuple[int, list[str]]]:
         reader = csv.reader(io.StringIO(_decode(path), newline=""), strict=True)  # a stray quote is an error
@@ -560,7 +554,7 @@ def _examples(
     text: str | int,
     pair: str | int | None,
     label: str | int | None,
-    kind: str,
+    kind: Form,
     header: bool,
     given: Sequence[str] | None = None,
 ) -> list[TextExample]:
@@ -641,9 +635,15 @@ def _text(path: Path, line: int, value: object, what: str) -> str:
     return value
 
 
-def _label(path: Path, line: int, value: object, kind: str) -> str | float:
+Form = tuple[str, str]  # (a LABEL_FORMS name, the separator of a multilabel field)
+
+
+def _label(path: Path, line: int, value: object, form: Form) -> str | float | tuple[str, ...]:
+    kind, separator = form
     if value is None or (isinstance(value, str) and not value.strip()):
         raise UserError(f"{path}:{line}: missing label; give every example a label (or read the file without labels)")
+    if kind == "multilabel":
+        return _label_names(path, line, value, separator)
     if kind == "classification":
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise UserError(f"{path}:{line}: label {quote(value)} should be a string or an integer")
@@ -666,6 +666,31 @@ def _label(path: Path, line: int, value: object, kind: str) -> str | float:
     return number
 
 
+def _label_names(path: Path, line: int, value: object, separator: str) -> tuple[str, ...]:
+    """A multilabel field: a JSON list of names (or integers; [] for none), or a string of names split on
+    `separator`; each name stripped, none empty, none twice."""
+    if isinstance(value, list):
+        names = value
+    elif isinstance(value, str):
+        names = value.split(separator)
+    else:
+        raise UserError(
+            f"{path}:{line}: label {quote(value)} should be a list of labels or a string of them separated by "
+            f"{quote(separator)}"
+        )
+    out: list[str] = []
+    for name in names:
+        if isinstance(name, bool) or not isinstance(name, (str, int)) or not str(name).strip():
+            raise UserError(
+                f"{path}:{line}: label {quote(value)} holds {quote(name)}: each of its labels should be a non-empty "
+                f"string or an integer (separated by {quote(separator)}; data.label_separator)"
+            )
+        if str(name).strip() in out:
+            raise UserError(f"{path}:{line}: label {quote(value)} names {quote(str(name).strip())} twice; keep one")
+        out.append(str(name).strip())
+    return tuple(out)
+
+
 MAX_REGRESSION_LABEL = 1e18  # squared, 1e36: within float32's 3.4e38, a batch's sum too
 
 
@@ -683,7 +708,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any] | _Repeated:
     return obj
 
 
-def _read_jsonl(path: Path, text: str, pair: str | None, label: str | None, kind: str) -> list[TextExample]:
+def _read_jsonl(path: Path, text: str, pair: str | None, label: str | None, kind: Form) -> list[TextExample]:
     examples = []
     for n, raw in enumerate(_lines(path), start=1):
         if not raw.strip():

@@ -229,7 +229,7 @@ def export_finetuned(ckpt: Checkpoint, out_dir: Path, force: bool = False) -> Pa
     state = model.state_dict()
     encoder = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
     weights = to_hf_state_dict(encoder, meta.encoder.layers, heads=False)
-    if meta.kind == "tagging":  # BertForTokenClassification has no pooler
+    if meta.task_kind.per_token:  # BertForTokenClassification has no pooler
         weights = {k: v for k, v in weights.items() if not k.startswith("bert.pooler.")}
     for name in ("classifier.weight", "classifier.bias"):
         weights[name] = state[name].detach().contiguous().clone()
@@ -248,22 +248,18 @@ def check_post_norm(model: BertModelConfig, where: str) -> None:
 
 def classifier_config(meta: Any) -> dict:
     """config.json of the HF class of a fine-tuned model (finetuned.FinetuneMeta), its labels named."""
-    from transformer_cli.kinds.finetuned import HF_CLASSES
-
+    kind = meta.task_kind
     config = hf_config(meta.encoder, meta.vocab_size)
-    labels = meta.labels if meta.kind != "regression" else ["LABEL_0"]
+    labels = kind.hf_labels(meta.labels)
     config.update(
-        architectures=[HF_CLASSES[meta.kind]],
+        architectures=[kind.hf_class],
         pad_token_id=meta.tokenizer.pad_id,
         classifier_dropout=meta.classifier_dropout,
         id2label={str(i): label for i, label in enumerate(labels)},
         label2id={label: i for i, label in enumerate(labels)},
     )
-    config["problem_type"] = {"regression": "regression", "classification": "single_label_classification"}.get(
-        meta.kind
-    )
-    if config["problem_type"] is None:
-        del config["problem_type"]
+    if kind.problem_type is not None:
+        config["problem_type"] = kind.problem_type
     return config
 
 

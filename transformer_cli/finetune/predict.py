@@ -30,15 +30,7 @@ from transformer_cli.data.labeled import (
     read_conll,
     read_task_table,
 )
-from transformer_cli.kinds.finetuned import (
-    FinetuneMeta,
-    decide,
-    encode_tagged,
-    encode_texts,
-    length_order,
-    non_finite,
-    predict_logits,
-)
+from transformer_cli.kinds.finetuned import FinetuneMeta, decide, features_of, length_order, non_finite, predict_logits
 
 ROWS = 64  # examples per forward pass
 FIRST_CHUNK_LINES, MAX_CHUNK_LINES = 64, 4096  # plain lines: the first predictions come out at once
@@ -68,11 +60,7 @@ class Predictor:
     def lines(self, examples: list[Any]) -> list[str]:
         """Output lines for a chunk of examples (TextExample or TaggedSentence)."""
         meta = self.meta
-        if meta.kind == "tagging":
-            feats = encode_tagged(meta.tokenizer, [ex.words for ex in examples], None, meta.max_seq_len)
-        else:
-            pairs = [ex.pair or "" for ex in examples] if self.columns()[1] is not None else None
-            feats = encode_texts(meta.tokenizer, [ex.text for ex in examples], pairs, None, meta.max_seq_len)
+        feats = features_of(meta, examples)  # (no labels: the examples have none)
         logits = predict_logits(
             self.model,
             feats,
@@ -83,26 +71,14 @@ class Predictor:
             meta.max_seq_len,
         )
         non_finite(logits, refuse=str(self.checkpoint))
-        preds, probs = decide(meta.kind, logits)
-        if meta.kind == "tagging":
-            for ex, pred in zip(examples, preds):
-                if len(pred) < len(ex.words):  # tagged O below, unread: said, as translate says of a long line
-                    print(
-                        f"warning: line {ex.line}: {len(pred)} of its {len(ex.words)} words fit the model's "
-                        f"max_seq_len ({meta.max_seq_len} pieces); the other {len(ex.words) - len(pred)} are tagged "
-                        "O without being read: split the sentence",
-                        file=sys.stderr,
-                    )
+        preds, probs = decide(meta, logits)
+        for warning in meta.task_kind.warnings(meta, examples, preds):
+            print(warning, file=sys.stderr)
         return [format_prediction(meta, ex, p, q) for ex, p, q in zip(examples, preds, probs)]
 
 
 def format_prediction(meta: FinetuneMeta, example: Any, pred: Any, prob: float) -> str:
-    if meta.kind == "regression":
-        return f"{pred:.6g}\n"
-    if meta.kind == "tagging":
-        tags = [meta.labels[i] for i in pred] + ["O"] * (len(example.words) - len(pred))  # cut off: O
-        return "".join(f"{w} {t}\n" for w, t in zip(example.words, tags)) + "\n"
-    return f"{meta.labels[pred]}\t{prob:.4f}\n"
+    return meta.task_kind.format(meta, example, pred, prob)
 
 
 CONLL_HINT = (
@@ -186,7 +162,7 @@ def run_predict(
     suffix = input_path.suffix.lower() if input_path is not None else ""
     with ExitStack() as stack:
         predictor = Predictor(checkpoint, device, precision)
-        tagging = predictor.meta.kind == "tagging"
+        tagging = predictor.meta.task_kind.reads == "conll"
         if suffix == ".conll" and not tagging:
             raise UserError(
                 f"--input {input_path}: a .conll file is for a tagger, and this is a {predictor.meta.kind} model; "
@@ -200,10 +176,11 @@ def run_predict(
         write = writer(output, stack)
         if suffix in TABLE_SUFFIXES:
             text, pair = predictor.columns()
-            kind = "regression" if predictor.meta.kind == "regression" else "classification"
             glue = predictor.cfg.task.glue
             task = GLUE_TASKS[glue_key(glue)] if glue else None
-            examples = read_task_table(input_path, task, text, pair, None, kind, predictor.cfg.data.columns)
+            form = predictor.meta.task_kind.label_form
+            columns, separator = predictor.cfg.data.columns, predictor.cfg.data.label_separator
+            examples = read_task_table(input_path, task, text, pair, None, form, columns, separator)
             return _write_all(predictor, [examples], write)
         if suffix == ".conll":
             return _write_all(predictor, [read_conll(input_path)], write)

@@ -28,14 +28,13 @@ from transformer_cli.data.labeled import (
     TaggedSentence,
     TextExample,
     check_labels,
-    check_scorable,
     glue_key,
     label_set,
-    look_alike,
     read_conll,
     read_glue,
     read_table,
 )
+from transformer_cli.kinds.registry import KINDS
 from transformer_cli.train.lifecycle import run_training
 from transformer_cli.train.task_setup import SetupBase
 
@@ -49,16 +48,11 @@ if TYPE_CHECKING:
     from transformer_cli.vocab.bert_tokenizer import BertTokenizer
     from transformer_cli.vocab.spm import Vocab
 
-DEFAULT_METRICS = {
-    "classification": ("accuracy",),
-    "regression": ("pearson", "spearman"),
-    "tagging": ("entity_f1", "entity_precision", "entity_recall"),
-}
-
 
 def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
     """The run's examples, label set (from training; GLUE's own order for GLUE tasks) and metrics."""
     d, t = cfg.data, cfg.task
+    kind = KINDS[t.kind]
     if t.glue is not None:
         g = GLUE_TASKS[glue_key(t.glue)]
         if t.kind != g.kind:
@@ -74,11 +68,11 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
         for path in paths:
             check_file(path, f"data: {path} {{what}} (data.dir {d.dir!r} and data.train / data.valid)")
         suffix = paths[0].suffix.lower()  # (a .txt file is CoNLL for a tagger, a TSV table otherwise: CLUE's)
-        conll_suffix = suffix == ".conll" or (suffix == ".txt" and t.kind == "tagging")
+        conll_suffix = suffix == ".conll" or (suffix == ".txt" and kind.reads == "conll")
         conll = d.format == "conll" or (d.format == "auto" and conll_suffix)
-        if (t.kind == "tagging") != conll:
+        if (kind.reads == "conll") != conll:
             raise UserError(
-                f"task.kind {t.kind} reads {'CoNLL files' if t.kind == 'tagging' else 'tables'}, but "
+                f"task.kind {t.kind} reads {'CoNLL files' if kind.reads == 'conll' else 'tables'}, but "
                 f"{paths[0]} is read as {'CoNLL' if conll else 'a table'}; set data.format or task.kind"
             )
         if conll:
@@ -88,33 +82,26 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
                 if unlabelled is not None:
                     raise UserError(f"{path}:{unlabelled.line}: no tags; training and validation need a tag per word")
         else:
-            train, valid = (_table(p, d, t.kind) for p in paths)
+            train, valid = (_table(p, d, kind.label_form) for p in paths)
         files, valid_path, more = [paths[0]], paths[1], {}
-        labels = label_set(train, paths[0]) if t.kind != "regression" else ()
-        metrics = DEFAULT_METRICS[t.kind]
+        labels = label_set(train, paths[0]) if kind.has_label_set else ()
+        metrics = kind.default_metrics
     if labels:
         check_labels(valid, labels, valid_path)
         for split, examples in more.items():
             check_labels(examples, labels, valid_path.with_name(f"{split}.tsv"))
-    if t.kind == "classification" and len(labels) < 2:
-        raise UserError(f"{files[0]}: every training example has the label {labels[0]!r}; a classifier needs two")
+    kind.check_label_set(labels, files[0])
     if "f1" in (t.metrics or metrics) and len(labels) != 2:
         raise UserError(
             f"task.metrics f1 is the F1 of the positive class (the second label, as GLUE scores MRPC and QQP) and "
             f"needs two labels, but {files[0]} has {len(labels)}; score it with accuracy or mcc"
         )
-    check_scorable(
-        t.kind,
+    kind.check_scorable(
         tuple(t.metrics or metrics),
         {valid_path: valid, **{valid_path.with_name(f"{k}.tsv"): v for k, v in more.items()}},
     )
-    if t.kind == "classification":
-        for a, b in look_alike(labels):
-            print(
-                f"warning: {files[0]}: the labels {quote(a)} and {quote(b)} differ only in case or in how a number is "
-                "written; the model learns them as two classes (make them one label if they are one)",
-                file=sys.stderr,
-            )
+    for warning in kind.label_warnings(labels, files[0]):
+        print(warning, file=sys.stderr)
     return LabelledData(t.kind, train, valid, tuple(labels), tuple(t.metrics or metrics), files, valid_path, more)
 
 
@@ -126,7 +113,8 @@ def _table(path: Path, d: Any, kind: str) -> list[TextExample]:
         raise UserError(
             f"data.format is {d.format} but {path} has the suffix {path.suffix}; rename it or fix data.format"
         )
-    return read_table(path, d.text, d.pair, d.label, kind, d.columns, None if d.format == "auto" else d.format)
+    fmt = None if d.format == "auto" else d.format
+    return read_table(path, d.text, d.pair, d.label, kind, d.columns, fmt, d.label_separator)
 
 
 # ----------------------------------------------------------------------------- the starting encoder
@@ -367,6 +355,7 @@ class FinetuneSetup(SetupBase):
                 source.tokenizer,
                 cfg.data.max_seq_len,
                 cfg.model.classifier_dropout,
+                cfg.task.threshold if isinstance(cfg.task.threshold, float) else 0.5,  # (tune: set at each evaluation)
             )
             self.weights, self.described = source.weights, source.description
         return self.meta

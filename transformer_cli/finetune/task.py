@@ -1,4 +1,4 @@
-"""Fine-tuning a BERT on the shared trainer: classification, regression and tagging heads, length-bucketed
+"""Fine-tuning a BERT on the shared trainer: the head of the task's kind (transformer_cli/kinds/), length-bucketed
 batches padded to their longest member, dev evaluation with the task's metrics (at every epoch's end too:
 `evaluate_each_epoch`), best.pt by the task's score.
 
@@ -84,9 +84,13 @@ class FinetuneTask:
     def _evaluate_split(
         self, model: nn.Module, runtime: Runtime, features: Features, examples: list[Any], name: str
     ) -> dict[str, float]:
-        results, preds = evaluate_examples(model, self.meta, self.data.metrics, examples, features, runtime)
-        if self.meta.kind == "classification" and len(set(preds)) == 1:
-            say(self.quiet, f"note: every {name} prediction is {self.meta.labels[preds[0]]!r} (one class)")
+        tune = self.cfg.task.threshold == "tune" and features is self.valid  # (the split that selects best.pt)
+        results, preds = evaluate_examples(model, self.meta, self.data.metrics, examples, features, runtime, tune=tune)
+        if tune:
+            results["threshold"] = self.meta.threshold
+        note = self.meta.task_kind.note(self.meta, preds, name)
+        if note is not None:
+            say(self.quiet, note)
         return results
 
     def final_report(self, ckpt_dir: Path, runtime: Runtime) -> list[dict[str, Any]]:

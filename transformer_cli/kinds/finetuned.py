@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,9 +19,14 @@ from transformer_cli.config import BertModelConfig
 from transformer_cli.core.buckets import bucket
 from transformer_cli.core.errors import UserError, finite_number
 from transformer_cli.data.labeled import invisible
+from transformer_cli.kinds.base import Kind
+from transformer_cli.kinds.features import Features, encode_tagged, encode_texts
+from transformer_cli.kinds.registry import KINDS
 from transformer_cli.metrics import task_metrics
 from transformer_cli.models.losses import IGNORE
-from transformer_cli.vocab.bert_tokenizer import BertTokenizer, pack
+from transformer_cli.vocab.bert_tokenizer import BertTokenizer
+
+__all__ = ["Features", "encode_tagged", "encode_texts"]  # (their home is features.py; read from here too)
 
 if TYPE_CHECKING:
     from transformer_cli.runtime.device import Runtime
@@ -33,17 +38,23 @@ if TYPE_CHECKING:
 class FinetuneMeta:
     """Stored in every fine-tuned checkpoint under "finetune"."""
 
-    kind: str  # classification | regression | tagging
+    kind: str  # a name of registry.KINDS: classification | regression | tagging | multilabel
     labels: list[str]  # the label set, in id order (empty for regression)
     encoder: BertModelConfig  # resolved sizes of the encoder
     vocab_size: int  # rows of the token embedding (an HF model may have more than its tokenizer's tokens)
     tokenizer: BertTokenizer
     max_seq_len: int
     classifier_dropout: float = 0.1
+    threshold: float = 0.5  # multilabel: a label is predicted above this probability (tuned on dev, or task.threshold)
+
+    @property
+    def task_kind(self) -> Kind:
+        """The kind's behaviour (kinds/<kind>.py)."""
+        return KINDS[self.kind]
 
     @property
     def outputs(self) -> int:
-        return 1 if self.kind == "regression" else len(self.labels)
+        return self.task_kind.outputs(self.labels)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -54,20 +65,21 @@ class FinetuneMeta:
             "tokenizer": self.tokenizer.state(),
             "max_seq_len": self.max_seq_len,
             "classifier_dropout": self.classifier_dropout,
+            **({"threshold": self.threshold} if self.task_kind.thresholded else {}),
         }
 
     @classmethod
     def from_state(cls, state: Any, source: str) -> FinetuneMeta:
-        if not isinstance(state, dict) or state.get("kind") not in ("classification", "regression", "tagging"):
+        if not isinstance(state, dict) or not isinstance(state.get("kind"), str) or state["kind"] not in KINDS:
             raise UserError(f"{source}: the fine-tuning metadata is missing or damaged")
         labels = state.get("labels")
-        fewest = {"classification": 2, "regression": 0, "tagging": 1}[state["kind"]]  # as training has them
+        kind = KINDS[state["kind"]]
         if (
             not isinstance(labels, list)
             or not all(isinstance(x, str) for x in labels)
             or len(set(labels)) != len(labels)
             or any(invisible(label) for label in labels)  # as training refuses them
-            or not fewest <= len(labels) <= (0 if state["kind"] == "regression" else 10**6)
+            or not kind.fewest_labels <= len(labels) <= kind.most_labels  # as training has them
         ):
             raise UserError(f"{source}: the stored label set of its {state['kind']} head is damaged")
         from transformer_cli.config import build_config
@@ -77,7 +89,8 @@ class FinetuneMeta:
         vocab_size = _stored(state, "vocab_size", len(tokenizer), int, len(tokenizer), 10**8, source)
         max_seq_len = _stored(state, "max_seq_len", 128, int, 8, encoder.max_positions, source)
         dropout = _stored(state, "classifier_dropout", 0.1, float, 0.0, 0.999, source)
-        return cls(state["kind"], labels, encoder, vocab_size, tokenizer, max_seq_len, dropout)
+        threshold = _stored(state, "threshold", 0.5, float, 1e-6, 1 - 1e-6, source) if kind.thresholded else 0.5
+        return cls(state["kind"], labels, encoder, vocab_size, tokenizer, max_seq_len, dropout, threshold)
 
 
 def _stored(state: dict, key: str, default: Any, kind: type, low: float, high: float, source: str) -> Any:
@@ -101,72 +114,8 @@ def build_classifier(meta: FinetuneMeta) -> nn.Module:
     if e.d_model % e.heads:
         raise ValueError(f"d_model ({e.d_model}) must be divisible by heads ({e.heads})")
     encoder = build_bert(e, meta.vocab_size, pad_id=meta.tokenizer.pad_id, pretraining_heads=False)
-    return BertClassifier(encoder, meta.kind, meta.outputs, meta.classifier_dropout)
-
-
-# ----------------------------------------------------------------------------- examples -> features
-
-
-@dataclass
-class Features:
-    """Encoded examples: ids and token types per example, its label (a class id, a float, or per-position tags
-    with IGNORE), and, for tagging, the position of each word's first piece."""
-
-    ids: list[list[int]] = field(default_factory=list)
-    types: list[list[int]] = field(default_factory=list)
-    labels: list[Any] = field(default_factory=list)
-    first_pieces: list[list[int]] = field(default_factory=list)
-    truncated: int = 0  # examples cut to max_seq_len
-    words_lost: int = 0  # tagging: words cut off with them (predicted as the first label, scored as wrong)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-def encode_texts(
-    tokenizer: BertTokenizer,
-    texts: Sequence[str],
-    pairs: Sequence[str] | None,
-    labels: Sequence[Any] | None,
-    max_len: int,
-) -> Features:
-    """`[CLS] a [SEP] (b [SEP])` for each example, cut to `max_len` (longest side first)."""
-    a_ids = tokenizer.encode(list(texts))
-    b_ids = tokenizer.encode(list(pairs)) if pairs is not None else [None] * len(a_ids)
-    out = Features()
-    for i, (a, b) in enumerate(zip(a_ids, b_ids)):
-        ids, types, cut = pack(a, b, max_len, tokenizer.cls_id, tokenizer.sep_id)
-        out.ids.append(ids)
-        out.types.append(types)
-        out.labels.append(labels[i] if labels is not None else None)
-        out.truncated += cut
-    return out
-
-
-def encode_tagged(
-    tokenizer: BertTokenizer, sentences: Sequence[Sequence[str]], tags: Sequence[Sequence[int]] | None, max_len: int
-) -> Features:
-    """`[CLS] pieces [SEP]` for each sentence; a word's tag sits at its first piece, IGNORE elsewhere."""
-    out = Features()
-    for i, words in enumerate(sentences):
-        ids, labels, firsts = [tokenizer.cls_id], [IGNORE], []
-        for j, pieces in enumerate(tokenizer.encode_words(list(words))):
-            if len(ids) + len(pieces) > max_len - 1:
-                pieces = pieces[: max(0, max_len - 1 - len(ids))]
-                if not pieces:
-                    break
-            firsts.append(len(ids))
-            ids += pieces
-            labels += [tags[i][j] if tags is not None else IGNORE] + [IGNORE] * (len(pieces) - 1)
-        if len(firsts) < len(words) or len(ids) + 1 > max_len:
-            out.truncated += 1
-            out.words_lost += len(words) - len(firsts)
-        ids, labels = ids[: max_len - 1] + [tokenizer.sep_id], labels[: max_len - 1] + [IGNORE]
-        out.ids.append(ids)
-        out.types.append([0] * len(ids))
-        out.labels.append(labels)
-        out.first_pieces.append(firsts)
-    return out
+    kind = meta.task_kind
+    return BertClassifier(encoder, meta.outputs, meta.classifier_dropout, per_token=kind.per_token, loss=kind.loss)
 
 
 # ----------------------------------------------------------------------------- batches
@@ -200,7 +149,8 @@ class ClassifierBatch:
         if ids.size(0) == 0:
             return None
         labels = self.labels[rank::world] if self.labels is not None else None
-        items = ids.size(0) if labels is None or labels.dim() == 1 else int(labels.ne(IGNORE).sum())
+        per_position = labels is not None and labels.dim() == 2 and not labels.is_floating_point()  # (B, T) tags
+        items = int(labels.ne(IGNORE).sum()) if per_position else ids.size(0)  # (multi-label: (B, C) floats)
         return ClassifierBatch(ids, self.segment_ids[rank::world], labels, items, int(ids.ne(0).sum()))
 
     def to(self, device: torch.device) -> ClassifierBatch:
@@ -218,11 +168,11 @@ class ClassifierBatch:
 def collate(
     features: Features, rows: Sequence[int], pad_id: int, kind: str, length: int | None = None
 ) -> ClassifierBatch:
-    """Rows of `features` padded to the longest of them (or to `length`)."""
+    """Rows of `features` padded to the longest of them (or to `length`); `kind` names the task's kind."""
     T = length or max(len(features.ids[r]) for r in rows)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     types = torch.zeros((len(rows), T), dtype=torch.long)
-    tagged = kind == "tagging"
+    tagged = KINDS[kind].per_token
     labels = torch.full((len(rows), T), IGNORE, dtype=torch.long) if tagged else None
     values: list[Any] = []
     for i, r in enumerate(rows):
@@ -234,7 +184,7 @@ def collate(
         else:
             values.append(features.labels[r])
     if not tagged and values and values[0] is not None:
-        labels = torch.tensor(values, dtype=torch.float32 if kind == "regression" else torch.long)
+        labels = torch.tensor(values, dtype=KINDS[kind].label_dtype)
     items = int(labels.ne(IGNORE).sum()) if tagged else len(rows)
     return ClassifierBatch(ids, types, labels, items, int(sum(len(features.ids[r]) for r in rows)))
 
@@ -272,6 +222,7 @@ def predict_logits(
 ) -> list[Tensor]:
     """The float32 logits of every example, in the examples' order: (C,), (1,) or, for tagging, (words, C).
     Each batch is padded to `batch_width(its longest, 1, limit, ...)`, the widths training takes."""
+    per_token = KINDS[kind].per_token
     was_training = model.training
     model.eval()
     out: list[Tensor | None] = [None] * len(features)
@@ -282,29 +233,14 @@ def predict_logits(
             logits = model(batch.input_ids.to(runtime.device), batch.segment_ids.to(runtime.device))
         logits = logits.float().cpu()
         for i, r in enumerate(rows):
-            out[r] = logits[i, features.first_pieces[r]] if kind == "tagging" else logits[i]
+            out[r] = logits[i, features.first_pieces[r]] if per_token else logits[i]
     model.train(was_training)
     return out  # type: ignore[return-value]
 
 
-def decide(kind: str, logits: list[Tensor]) -> tuple[list[Any], list[float]]:
-    """(predictions, confidence): class ids and their softmax probability; the regression score (twice);
-    for tagging, per-word tag ids and the sentence's mean probability."""
-    preds: list[Any] = []
-    probs: list[float] = []
-    for row in logits:
-        if kind == "regression":
-            preds.append(float(row[0]))
-            probs.append(float(row[0]))
-        elif kind == "tagging":
-            p = row.softmax(-1)
-            preds.append(p.argmax(-1).tolist())
-            probs.append(float(p.max(-1).values.mean()) if p.numel() else 1.0)
-        else:
-            p = row.softmax(-1)
-            preds.append(int(p.argmax()))
-            probs.append(float(p.max()))
-    return preds, probs
+def decide(meta: FinetuneMeta, logits: list[Tensor]) -> tuple[list[Any], list[float]]:
+    """(predictions, confidence) of each example's logits, as the kind decides (`Kind.decide`)."""
+    return meta.task_kind.decide(meta, logits)
 
 
 # ----------------------------------------------------------------------------- scoring (training and tcli evaluate)
@@ -313,33 +249,16 @@ EVAL_ROWS = 64  # examples per evaluation batch (length-sorted: little padding)
 
 
 def features_of(meta: FinetuneMeta, examples: list[Any]) -> Features:
-    """Examples (with labels as ids, floats or tag ids) -> encoded features under the model's tokenizer."""
-    index = {label: i for i, label in enumerate(meta.labels)}
-    if meta.kind == "tagging":
-        sentences = [ex.words for ex in examples]
-        tagged = all(ex.tags is not None for ex in examples)
-        tags = [[index[t] for t in ex.tags] for ex in examples] if tagged else None
-        return encode_tagged(meta.tokenizer, sentences, tags, meta.max_seq_len)
-    pairs = [ex.pair or "" for ex in examples] if any(ex.pair is not None for ex in examples) else None
-    labelled = all(ex.label is not None for ex in examples)
-    labels = None
-    if labelled:
-        labels = [float(ex.label) if meta.kind == "regression" else index[ex.label] for ex in examples]
-    return encode_texts(meta.tokenizer, [ex.text for ex in examples], pairs, labels, meta.max_seq_len)
+    """Examples -> encoded features under the model's tokenizer (labels as the kind keeps them: ids, floats or
+    tag ids), with labels when every example has one."""
+    return meta.task_kind.features(meta, examples)
 
 
 def score(meta: FinetuneMeta, metrics: Sequence[str], examples: list[Any], preds: list[Any]) -> dict[str, float]:
     """The task's metrics of predictions (ids, floats or tag-id lists) against the examples' labels, and
     "score": their mean (GLUE's score of a task), which selects best.pt."""
-    if meta.kind == "tagging":
-        gold = [list(ex.tags) for ex in examples]
-        pred = [[meta.labels[i] for i in p] + ["O"] * (len(g) - len(p)) for p, g in zip(preds, gold)]
-    elif meta.kind == "regression":
-        gold, pred = [float(ex.label) for ex in examples], preds
-    else:
-        index = {label: i for i, label in enumerate(meta.labels)}
-        gold, pred = [index[ex.label] for ex in examples], preds
-    results = task_metrics.compute(metrics, pred, gold)
+    pred, gold = meta.task_kind.scored(meta, examples, preds)
+    results = task_metrics.compute(metrics, pred, gold, meta.labels)
     results["score"] = task_metrics.main_value(results, metrics)
     return results
 
@@ -352,17 +271,21 @@ def evaluate_examples(
     features: Features | None,
     runtime: Runtime,
     refuse_non_finite: str | None = None,
+    tune: bool = False,
 ) -> tuple[dict[str, float], list[Any]]:
     """(the metrics and score, the predictions) of labelled examples: what training logs at each evaluation
     and `tcli evaluate` prints, computed by this one function. Outputs that are not finite (weights grown past
     float range) score NaN, which never becomes best.pt (argmax read NaN as class 0: a score of chance); with
-    `refuse_non_finite` (the checkpoint's name) they are a one-line error."""
+    `refuse_non_finite` (the checkpoint's name) they are a one-line error. With `tune`, the kind's decision
+    threshold is first set (in `meta`) to the one that scores best on these examples (`Kind.tuned_threshold`)."""
     features = features if features is not None else features_of(meta, examples)
     batches = length_order(features, EVAL_ROWS)
     logits = predict_logits(model, features, batches, meta.tokenizer.pad_id, meta.kind, runtime, meta.max_seq_len)
-    preds, _ = decide(meta.kind, logits)
     if non_finite(logits, refuse_non_finite):
-        return {**dict.fromkeys(metrics, math.nan), "score": math.nan}, preds
+        return {**dict.fromkeys(metrics, math.nan), "score": math.nan}, decide(meta, logits)[0]
+    if tune:
+        meta.threshold = meta.task_kind.tuned_threshold(meta, metrics, examples, logits)
+    preds, _ = decide(meta, logits)
     return score(meta, metrics, examples, preds), preds
 
 
@@ -375,11 +298,3 @@ def non_finite(logits: list[Tensor], refuse: str | None = None) -> int:
             "weights grew past the float range while it trained); use an earlier checkpoint of the run"
         )
     return bad
-
-
-# the Hugging Face class that holds a model of each kind (export-hf, count-params)
-HF_CLASSES = {
-    "classification": "BertForSequenceClassification",
-    "regression": "BertForSequenceClassification",
-    "tagging": "BertForTokenClassification",
-}

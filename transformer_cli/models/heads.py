@@ -4,8 +4,10 @@ Sequence classification and regression read the pooled `[CLS]` vector: tanh(W h_
 trained), then dropout and one linear layer to the labels (or to one output for regression); as nothing else is
 read, the encoder's last block computes the [CLS] position alone (`Bert.encode(first_only=True)`, the same
 values). Tagging reads every position's hidden state through dropout and a linear layer; only each word's first
-piece carries a label (the others are IGNORE). Parameter names follow HF's BertForSequenceClassification and
-BertForTokenClassification: `bert.*` for the encoder, `classifier.*` for the head.
+piece carries a label (the others are IGNORE). Multi-label classification reads [CLS] too, one sigmoid per label.
+The task's kind (transformer_cli/kinds/) chooses which head and which loss; this module knows nothing of kinds or
+configs. Parameter names follow HF's BertForSequenceClassification and BertForTokenClassification: `bert.*` for
+the encoder, `classifier.*` for the head.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from torch import Tensor, nn
 from transformer_cli.models.bert import Bert
 from transformer_cli.models.losses import IGNORE
 
-KINDS = ("classification", "regression", "tagging")
+# Softmax cross-entropy over the classes (or tags), the squared error of one output, or binary cross-entropy of
+# one sigmoid per label (multi-label; HF's BCEWithLogitsLoss, its mean over labels).
+LOSSES = ("cross_entropy", "mse", "bce")
 
 
 @dataclass
@@ -31,13 +35,16 @@ class HeadLoss:
 
 
 class BertClassifier(nn.Module):
-    """A BERT encoder (no pretraining heads) with a classification, regression or tagging head."""
+    """A BERT encoder (no pretraining heads) with a head on the pooled [CLS] vector, or on every position
+    (`per_token`), trained with `loss`."""
 
-    def __init__(self, encoder: Bert, kind: str, outputs: int, dropout: float = 0.1):
+    def __init__(
+        self, encoder: Bert, outputs: int, dropout: float = 0.1, per_token: bool = False, loss: str = "cross_entropy"
+    ):
         super().__init__()
-        if kind not in KINDS:
-            raise ValueError(f"unknown head kind {kind!r}; expected one of {', '.join(KINDS)}")
-        self.kind = kind
+        if loss not in LOSSES:
+            raise ValueError(f"unknown loss {loss!r}; expected one of {', '.join(LOSSES)}")
+        self.per_token, self.loss = per_token, loss
         self.bert = encoder
         d_model = encoder.pooler.in_features
         self.dropout = nn.Dropout(dropout)
@@ -48,10 +55,11 @@ class BertClassifier(nn.Module):
     def forward(self, input_ids: Tensor, segment_ids: Tensor, labels: Tensor | None = None) -> Tensor | HeadLoss:
         """(B, T) ids and segments -> logits; with labels, the summed loss as well.
 
-        labels: (B,) class ids, (B,) float targets for regression, or (B, T) tags with IGNORE at the positions
-        that carry none (special tokens, padding, a word's later pieces).
+        labels: (B,) class ids, (B,) float targets for the squared error, (B, C) 0/1 targets for "bce", or,
+        `per_token`, (B, T) tags with IGNORE at the positions that carry none (special tokens, padding, a word's
+        later pieces).
         """
-        if self.kind == "tagging":
+        if self.per_token:
             hidden = self.bert.encode(input_ids, segment_ids)  # (B, T, d)
             logits = self.classifier(self.dropout(hidden))  # (B, T, C)
         else:
@@ -59,9 +67,12 @@ class BertClassifier(nn.Module):
             logits = self.classifier(self.dropout(self.bert.pooled(hidden)))  # (B, C)
         if labels is None:
             return logits
-        if self.kind == "regression":
+        if self.loss == "mse":
             loss = F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction="sum")
-        elif self.kind == "tagging":
+        elif self.loss == "bce":  # per example the mean over its labels, as HF's mean over (B, C) once divided by B
+            per_label = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none")
+            loss = per_label.mean(-1).sum()
+        elif self.per_token:
             flat = logits.float().reshape(-1, logits.size(-1))  # (B*T, C)
             loss = F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE, reduction="sum")
         else:

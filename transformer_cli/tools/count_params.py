@@ -27,7 +27,6 @@ from transformer_cli.config import (
     parse_overrides,
 )
 from transformer_cli.core.errors import UserError
-from transformer_cli.kinds.finetuned import HF_CLASSES
 from transformer_cli.models.builders import build_bert, build_transformer
 from transformer_cli.models.params import Term, bert_formula, component, count_model, transformer_formula
 
@@ -195,7 +194,7 @@ def count_finetuned(meta: Any, source: str) -> dict[str, Any]:
     H = e.d_model
     report = count_model(model.bert, "encoder")
     head = H * C + C
-    what = f"{len(meta.labels)} labels" if meta.kind != "regression" else "1 output"
+    what = meta.task_kind.describe_outputs(meta.labels)
     report["components"].append(component(f"{meta.kind} classifier (weight, bias)", "task head", note=what))
     report["components"][-1]["params"] = head
     report["bert_model"] = report["total"]
@@ -203,7 +202,7 @@ def count_finetuned(meta: Any, source: str) -> dict[str, Any]:
     report["trainable"] += head
     full = bert_formula(e, V)
     base = full.reference_value
-    name = HF_CLASSES[meta.kind]
+    name = meta.task_kind.hf_class
     up_to_bert_model = [t.name for t in full.terms].index("BertModel") + 1
     terms = [
         *full.terms[:up_to_bert_model],

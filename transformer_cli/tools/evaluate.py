@@ -205,7 +205,6 @@ def _evaluate_finetuned(
 ) -> dict[str, Any]:
     """The task's metrics and score on labelled examples, by the function training's dev evaluation uses.
     `--split valid` is the run's dev evaluation (for MNLI both dev splits, the second as "<split>/<metric>")."""
-    from transformer_cli.data.labeled import check_scorable
     from transformer_cli.kinds.finetuned import evaluate_examples
 
     meta, stored = ckpt.finetune, ckpt.state["finetune"].get("metrics")
@@ -222,7 +221,7 @@ def _evaluate_finetuned(
     sets = _labelled_examples(ckpt, split, input_path, data_dir)
     result: dict[str, Any] = {"data": split if split is not None else str(input_path)}
     for i, (name, examples) in enumerate(sets.items()):
-        check_scorable(meta.kind, metrics, {input_path if split is None else f"--split {name}": examples})
+        meta.task_kind.check_scorable(metrics, {input_path if split is None else f"--split {name}": examples})
         scores, _ = evaluate_examples(model, meta, metrics, examples, None, runtime, refuse_non_finite=str(ckpt.path))
         prefix = "" if i == 0 else f"{name}/"
         result.update({f"{prefix}examples": len(examples), **{f"{prefix}{k}": v for k, v in scores.items()}})
@@ -261,11 +260,11 @@ def _labelled_examples(
         path = input_path
     hint = f" (the checkpoint's data.dir is {d.dir}; see --data-dir)" if split else ""
     check_file(path, f"{'--split ' + split if split else '--input'} {path} {{what}}{hint}")
-    suffix = path.suffix.lower()
-    if split is None and (suffix in TABLE_SUFFIXES if meta.kind == "tagging" else suffix == ".conll"):
-        reads = "CoNLL files (a word and its tag per line)" if meta.kind == "tagging" else "tables (.tsv, .csv, .jsonl)"
+    suffix, conll = path.suffix.lower(), meta.task_kind.reads == "conll"
+    if split is None and (suffix in TABLE_SUFFIXES if conll else suffix == ".conll"):
+        reads = "CoNLL files (a word and its tag per line)" if conll else "tables (.tsv, .csv, .jsonl)"
         raise UserError(f"--input {path}: this {meta.kind} model reads {reads}, and {path.name} is not one")
-    if meta.kind == "tagging":
+    if conll:
         examples: list[Any] = read_conll(path)
         unlabelled = next((ex for ex in examples if ex.tags is None), None)
     else:
@@ -273,8 +272,8 @@ def _labelled_examples(
         if glue is not None:  # a file with the GLUE task's own column names (CoLA's, unnamed: sentence, label)
             text, label = (c if isinstance(c, str) else n for c, n in ((glue.text, d.text), (glue.label, d.label)))
             pair = glue.pair if isinstance(glue.pair, str) else None
-        kind = "regression" if meta.kind == "regression" else "classification"
-        examples = read_task_table(path, glue, text, pair, label, kind, d.columns)
+        form = meta.task_kind.label_form
+        examples = read_task_table(path, glue, text, pair, label, form, d.columns, d.label_separator)
         unlabelled = next((ex for ex in examples if ex.label is None), None)
     if not examples:
         raise UserError(f"{path}: no examples to score")
