@@ -102,7 +102,8 @@ def test_labels_are_read_from_a_separated_field_or_a_json_list(tmp_path):
         ("2", "10"),
         (),
     ]
-    assert read_table(tmp_path / "b.csv", "text", None, "labels", "multilabel", separator=";")[0].label == ("joy", "love")
+    got = read_table(tmp_path / "b.csv", "text", None, "labels", "multilabel", separator=";")
+    assert got[0].label == ("joy", "love")
 
 
 @pytest.mark.parametrize(
