@@ -61,10 +61,11 @@ def test_evaluate_equals_training_time_evaluation(toy_run):
         assert result.returncode == 0, result.stderr
         got = json.loads(result.stdout)
         logged = evals[step]
-        assert (round(got["loss"], 6), round(got["ppl"], 6), round(got["bleu"], 6)) == (
+        assert (round(got["loss"], 6), round(got["ppl"], 6), round(got["bleu"], 6), round(got["chrf"], 6)) == (
             logged["valid_loss"],
             logged["valid_ppl"],
             logged["bleu"],
+            logged["chrf"],
         )  # metrics.jsonl rounds to 6 decimals
         assert got["step"] == step and got["sentences"] == 80 and got["beam"] == 2
         assert 0 <= got["chrf"] <= 100 and got["bleu_lc"] >= got["bleu"] - 1e-9

@@ -125,7 +125,7 @@ def test_train_then_translate_end_to_end(tmp_path, small_data):
     }
     assert all(e["tgt_tokens_per_sec"] > 0 for e in train)
     evals = [e for e in log if e["event"] == "eval"]
-    assert [e["step"] for e in evals] == [6, 12] and {"valid_loss", "valid_ppl", "bleu"} <= set(evals[0])
+    assert [e["step"] for e in evals] == [6, 12] and {"valid_loss", "valid_ppl", "bleu", "chrf"} <= set(evals[0])
     assert log[-1]["event"] == "end" and {"best_bleu", "wall_s"} <= set(log[-1])
     assert "BLEU" in result.stderr and "nrefs:1" in result.stderr  # sacreBLEU signature printed
 

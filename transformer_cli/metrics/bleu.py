@@ -111,6 +111,13 @@ def bleu(hypotheses: list[str], references: list[str], tokenize: str, lowercase:
     return metric.corpus_score(hypotheses, [references]).score, str(metric.get_signature())
 
 
+def chrf(hypotheses: list[str], references: list[str]) -> float:
+    """Corpus chrF (character n-grams: the same for every script, no tokenizer to choose)."""
+    from sacrebleu.metrics import CHRF
+
+    return CHRF().corpus_score(hypotheses, [references]).score
+
+
 def translation_scores(hypotheses: list[str], references: list[str], tokenize: str) -> TranslationScores:
     """Cased BLEU, lowercased BLEU (both with the `tokenize` tokenizer) and chrF of detokenised hypotheses against
     raw references."""

@@ -89,13 +89,16 @@ def translation_validation(
     bucketed: bool = False,
 ) -> dict[str, float]:
     """The eval event of a translation run: valid_loss (per-token NLL), valid_ppl and, when `opts` is
-    given, sacreBLEU (cased, with the `bleu_tokenize` tokenizer) of beam-search output against the raw
-    references (`bucketed`: `decode_corpus`'s)."""
-    from transformer_cli.metrics.bleu import bleu
+    given, sacreBLEU (cased, with the `bleu_tokenize` tokenizer) and chrF of beam-search output against the raw
+    references (`bucketed`: `decode_corpus`'s). chrF beside BLEU shows whether the checkpoint BLEU picks is also
+    the best by characters (for a target without spaces, a wrong BLEU tokenizer would not)."""
+    from transformer_cli.metrics.bleu import bleu, chrf
 
     result = translation_nll(model, data, max_tokens, device, context, multiple)
     metrics = {"valid_loss": result.loss, "valid_ppl": result.ppl}
     if opts is not None:
         hyps = translate_texts(model, data.src, opts, tgt_vocab, device, context, bucketed)
-        metrics["bleu"] = bleu(hyps, data.references(), bleu_tokenize)[0]
+        references = data.references()
+        metrics["bleu"] = bleu(hyps, references, bleu_tokenize)[0]
+        metrics["chrf"] = chrf(hyps, references)
     return metrics
