@@ -90,7 +90,7 @@ class BertTokenizer:
         if self.kind == "hf":
             return [(e.ids, list(e.offsets)) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
         out = []
-        for text, proto in zip(texts, self.vocab.sp.encode(texts, out_type="proto")):
+        for text, pieces in zip(texts, self.vocab.encode_with_bytes(texts)):
             # sentencepiece's offsets count UTF-8 bytes of the original text: map them to characters
             char_at = [0] * (len(text.encode("utf-8")) + 1)
             at = 0
@@ -100,8 +100,8 @@ class BertTokenizer:
                 at += size
             char_at[at] = len(text)
             ids, offsets = [], []
-            for piece in proto.pieces:
-                begin, end = char_at[piece.begin], char_at[piece.end]
+            for piece, begin, end in pieces:
+                begin, end = char_at[begin], char_at[end]
                 surface = text[begin:end]
                 stripped = surface.strip()
                 if stripped:
@@ -109,7 +109,7 @@ class BertTokenizer:
                     end = begin + len(stripped)
                 else:
                     begin = end
-                ids.append(piece.id)
+                ids.append(piece)
                 offsets.append((begin, end))
             out.append((ids, offsets))
         return out

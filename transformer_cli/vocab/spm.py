@@ -42,6 +42,13 @@ class Vocab:
     def encode(self, lines: list[str]) -> list[list[int]]:
         return self.sp.encode(lines)
 
+    def encode_with_bytes(self, lines: list[str]) -> list[list[tuple[int, int, int]]]:
+        """The pieces of each line as (id, begin, end), begin and end counting UTF-8 bytes of the line as given
+        (before sentencepiece's normalisation): what the piece stands for."""
+        # serialized_proto is the one form with offsets that every sentencepiece >= 0.2 gives without protobuf
+        # installed ("immutable_proto" is refused after 0.2.0, "proto" needs protobuf): read its wire format
+        return [_piece_offsets(data) for data in self.sp.encode(lines, out_type="serialized_proto")]
+
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode(ids)
 
@@ -58,6 +65,49 @@ class Vocab:
             return cls(path.read_bytes())
         except (OSError, RuntimeError) as e:
             raise UserError(f"cannot load the vocabulary {path}: {e}") from None
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i
+        shift += 7
+
+
+def _piece_offsets(data: bytes) -> list[tuple[int, int, int]]:
+    """(id, begin, end) of each piece of a serialized SentencePieceText: its field 2 holds the pieces, each with
+    id (field 2), begin (4) and end (5) as varints; the other fields (text, surface, score) are skipped."""
+    pieces, i = [], 0
+    while i < len(data):
+        key, i = _varint(data, i)
+        wire = key & 7
+        if wire == 0:
+            _, i = _varint(data, i)
+            continue
+        if wire in (1, 5):  # a fixed 64- or 32-bit value (the score is a float)
+            i += 8 if wire == 1 else 4
+            continue
+        if wire != 2:
+            raise ValueError(f"unexpected protobuf wire type {wire}")
+        size, i = _varint(data, i)
+        if key >> 3 == 2:
+            fields, j, end = {}, i, i + size
+            while j < end:
+                k, j = _varint(data, j)
+                if k & 7 == 0:
+                    fields[k >> 3], j = _varint(data, j)
+                elif k & 7 == 2:
+                    length, j = _varint(data, j)
+                    j += length
+                else:
+                    j += 8 if k & 7 == 1 else 4
+            pieces.append((fields.get(2, 0), fields.get(4, 0), fields.get(5, 0)))
+        i += size
+    return pieces
 
 
 def train_vocab(
