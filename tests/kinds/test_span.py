@@ -416,3 +416,35 @@ def test_random_questions_on_hand_made_text_come_back_exactly():
     assert [(p.n_best[0].start, p.text) for p in predictions] == [
         (x.answers[0].start, x.answers[0].text) for x in questions
     ]
+
+
+def test_squad_v2_from_file_to_score_with_perfect_logits(tmp_path, dev, dev_wordpiece):
+    """A v2 file (every third question made unanswerable, its answer kept as plausible) read, windowed, decoded
+    from perfect logits and scored: every answer found, every unanswerable question answered with nothing."""
+    import json
+
+    from transformer_cli.data.squad import version_2
+    from transformer_cli.metrics.squad import squad_v2
+
+    paragraphs = collections.defaultdict(list)
+    for n, x in enumerate(dev[:60]):
+        answers = [{"text": a.text, "answer_start": a.start} for a in x.answers]
+        qa = {"id": x.id, "question": x.question, "answers": answers, "is_impossible": False}
+        if n % 3 == 0:
+            qa.update(answers=[], is_impossible=True, plausible_answers=answers)
+        paragraphs[x.context].append(qa)
+    article = {"title": "t", "paragraphs": [{"context": c, "qas": qs} for c, qs in paragraphs.items()]}
+    data = {"version": "v2.0", "data": [article]}
+    path = tmp_path / "dev-v2.json"
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    questions = read_squad(path)
+    assert version_2(questions) and sum(not x.answers for x in questions) == 20
+    features = span_features(questions, dev_wordpiece, max_seq_len=128, doc_stride=48)
+    assert all(f.start == f.end == CLS for f in features if not questions[f.question].answers)
+    predictions = decode_spans(questions, features, *one_hot_logits(features), max_answer_len=64, version_2=True)
+    assert all((p.text == "") == (not x.answers) for p, x in zip(predictions, questions))
+    golds = {x.id: [a.text for a in x.answers] for x in questions}
+    # whole pieces around an answer that ends inside a word would cost a little; there are none in these 60
+    scores = squad_v2(golds, {p.id: p.text for p in predictions}, {p.id: p.null_diff for p in predictions})
+    assert scores["exact"] == scores["NoAns_exact"] == scores["best_exact"] == 100.0
+    assert scores["HasAns_total"] == 40 and scores["NoAns_total"] == 20
