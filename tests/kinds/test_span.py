@@ -215,8 +215,9 @@ def test_the_best_span_has_end_after_start_and_at_most_max_answer_len_pieces(sma
         a, b = (c[10], c[12]) if longest == 3 else (c[0], c[4])
         assert p.text == question.context[f.offsets[a][0] : f.offsets[b][1]].strip()
         assert p.n_best[0].score == (13.0 if longest == 3 else 14.0)
+        offsets = f.offsets
         allowed = {
-            (f.offsets[i][0], f.offsets[j][1]) for i in c for j in c if i <= j < i + longest
+            (offsets[i][0], offsets[j][1]) for i in c for j in c if i <= j < i + longest
         }  # piece ranges, before stripping whitespace: each span must lie within one
         for span in p.n_best:
             assert span.text == question.context[span.start : span.end] and span.text == span.text.strip()
@@ -283,11 +284,12 @@ def run_qa_postprocess(question: Question, features, starts, ends, n_best=20, ma
     """utils_qa.postprocess_qa_predictions (v1): the best of the 20 best starts by the 20 best ends."""
     candidates = []
     for f, s, e in zip(features, starts, ends):
+        offsets = f.offsets
         for si in np.argsort(s)[-1 : -n_best - 1 : -1].tolist():
             for ei in np.argsort(e)[-1 : -n_best - 1 : -1].tolist():
-                if f.offsets[si] is None or f.offsets[ei] is None or ei < si or ei - si + 1 > max_answer_len:
+                if offsets[si] is None or offsets[ei] is None or ei < si or ei - si + 1 > max_answer_len:
                     continue
-                candidates.append((s[si] + e[ei], question.context[f.offsets[si][0] : f.offsets[ei][1]]))
+                candidates.append((s[si] + e[ei], question.context[offsets[si][0] : offsets[ei][1]]))
     return max(candidates, default=(None, ""))
 
 

@@ -72,17 +72,19 @@ def test_pieces_map_back_to_the_text_as_written():
     assert [("Ōtsuka Café")[b:e] for b, e in offsets][0].startswith("Ō")  # lower-cased, accents stripped: Ō as written
 
 
-def test_sentencepiece_byte_offsets_are_those_of_its_own_proto():
-    """The wire-format reader against sentencepiece's protobuf form of the same encoding, on texts long enough
-    for offsets of several varint bytes (past 127 and 16,383)."""
-    pytest.importorskip("google.protobuf", reason="protobuf, which sentencepiece's out_type='proto' needs")
+@pytest.mark.parametrize("form", ["offset_mapping", "immutable_proto", "serialized_proto"])
+def test_every_form_of_sentencepiece_offsets_gives_the_same(form):
+    """The forms different sentencepiece releases give (the newest's character offsets, 0.2.0's immutable
+    protos, the serialized protos read here) agree, on texts long enough for offsets of several varint bytes
+    (past 127 and 16,383) in the serialized form."""
     vocab = spm_tokenizer().vocab
     texts = [*TEXTS, " ".join(TEXTS) * 300]
-    try:
-        protos = vocab.sp.encode(texts, out_type="proto")
-    except (ValueError, RuntimeError, TypeError):
-        pytest.skip("this sentencepiece has no out_type='proto'")
-    if protos and isinstance(protos[0], bytes):  # sentencepiece 0.2.0 gives serialized bytes for "proto"
-        pytest.skip("this sentencepiece's out_type='proto' is serialized_proto")
     assert len(texts[-1].encode()) > 1 << 14
-    assert vocab.encode_with_bytes(texts) == [[(p.id, p.begin, p.end) for p in proto.pieces] for proto in protos]
+    try:
+        vocab.sp.encode(["a b"], out_type=form)
+    except Exception:
+        pytest.skip(f"this sentencepiece has no out_type={form!r}")
+    want = vocab.encode_with_offsets(texts)  # the form found for this sentencepiece
+    vocab._offsets_form = form
+    assert vocab.encode_with_offsets(texts) == want
+    assert [ids for ids, _ in want] == vocab.encode(texts)

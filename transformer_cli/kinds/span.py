@@ -31,14 +31,28 @@ CLS = 0  # position of [CLS]: the label of a window without the answer, and the 
 
 @dataclass(frozen=True)
 class SpanFeature:
-    """One window of one question."""
+    """One window of one question: `[CLS] question [SEP] window [SEP]`."""
 
     question: int  # index of its question in the list encoded
-    ids: list[int]  # [CLS] question [SEP] window [SEP]
-    types: list[int]  # 0 up to the first [SEP], 1 after it
-    offsets: list[tuple[int, int] | None]  # character range in the context of each window piece; None elsewhere
+    ids: list[int]
+    context_start: int  # position of the window's first context piece (after [CLS] question [SEP])
+    window: tuple[int, int]  # the window is the context's pieces [first, end)
+    # the character ranges of all the context's pieces, one list shared by its windows and questions: a copy per
+    # window would take as much memory as the ids again
+    context_offsets: Sequence[tuple[int, int]]
     start: int  # label: position of the answer's first piece, CLS when this window does not hold all of it
     end: int  # label: position of its last piece, CLS likewise
+
+    @property
+    def types(self) -> list[int]:
+        """Token types: 0 up to the first [SEP], 1 after it."""
+        return [0] * self.context_start + [1] * (len(self.ids) - self.context_start)
+
+    @property
+    def offsets(self) -> list[tuple[int, int] | None]:
+        """The character range in the context of each position's piece; None where it is no context piece."""
+        first, end = self.window
+        return [None] * self.context_start + list(self.context_offsets[first:end]) + [None]
 
 
 def check_span_sizes(max_seq_len: int, doc_stride: int, max_query_len: int) -> None:
@@ -99,14 +113,7 @@ def span_features(
             if answer is not None and w0 <= answer[0] and answer[1] < w1:
                 start, end = len(head) + answer[0] - w0, len(head) + answer[1] - w0
             features.append(
-                SpanFeature(
-                    n,
-                    [*head, *ids[w0:w1], tokenizer.sep_id],
-                    [0] * len(head) + [1] * (w1 - w0 + 1),
-                    [None] * len(head) + list(offsets[w0:w1]) + [None],
-                    start,
-                    end,
-                )
+                SpanFeature(n, [*head, *ids[w0:w1], tokenizer.sep_id], len(head), (w0, w1), offsets, start, end)
             )
     return features
 
@@ -169,7 +176,7 @@ def collate_spans(
     for i, r in enumerate(rows):
         n = len(features[r].ids)
         ids[i, :n] = torch.tensor(features[r].ids)
-        types[i, :n] = torch.tensor(features[r].types)
+        types[i, features[r].context_start : n] = 1
     starts = torch.tensor([features[r].start for r in rows], dtype=torch.long)
     ends = torch.tensor([features[r].end for r in rows], dtype=torch.long)
     return SpanBatch(ids, types, starts, ends, sum(len(features[r].ids) for r in rows), pad_id)
@@ -253,10 +260,11 @@ def _best_in_window(
     """The `n_best` best spans of one window as ((char start, char end), (score, start logit, end logit)), each
     character range once. Every valid (start, end) is scored, not only the 20 best starts by the 20 best ends
     as run_qa.py does (which can miss the best valid span)."""
-    where = [i for i, o in enumerate(feature.offsets) if o is not None]
-    if not where:
+    first, last = feature.window
+    if last == first:
         return []
-    c0, c1 = where[0], where[-1] + 1  # the window's context positions, contiguous
+    c0, c1 = feature.context_start, feature.context_start + last - first  # the window's positions
+    offsets = feature.context_offsets
     ends = np.concatenate([e[c0:c1], np.full(max_len - 1, -np.inf)])
     band = np.lib.stride_tricks.sliding_window_view(ends, max_len)  # (n, max_len): row i, ends i .. i+max_len-1
     scores = (s[c0:c1, None] + band).ravel()  # (n * max_len,): start i, end i + k at i * max_len + k
@@ -270,7 +278,7 @@ def _best_in_window(
             if not math.isfinite(score) or len(found) == n_best:
                 return list(found.items())
             a, b = c0 + flat // max_len, c0 + flat // max_len + flat % max_len
-            char_start, char_end = feature.offsets[a][0], feature.offsets[b][1]
+            char_start, char_end = offsets[first + a - c0][0], offsets[first + b - c0][1]
             raw = context[char_start:char_end]
             text = raw.strip()
             # a span ending at a piece that stands for no character of its own (sentencepiece's lone "▁") would

@@ -90,18 +90,9 @@ class BertTokenizer:
         if self.kind == "hf":
             return [(e.ids, list(e.offsets)) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
         out = []
-        for text, pieces in zip(texts, self.vocab.encode_with_bytes(texts)):
-            # sentencepiece's offsets count UTF-8 bytes of the original text: map them to characters
-            char_at = [0] * (len(text.encode("utf-8")) + 1)
-            at = 0
-            for i, ch in enumerate(text):
-                size = len(ch.encode("utf-8"))
-                char_at[at : at + size] = [i] * size
-                at += size
-            char_at[at] = len(text)
-            ids, offsets = [], []
-            for piece, begin, end in pieces:
-                begin, end = char_at[begin], char_at[end]
+        for text, (ids, raw) in zip(texts, self.vocab.encode_with_offsets(texts)):
+            offsets = []
+            for begin, end in raw:
                 surface = text[begin:end]
                 stripped = surface.strip()
                 if stripped:
@@ -109,7 +100,6 @@ class BertTokenizer:
                     end = begin + len(stripped)
                 else:
                     begin = end
-                ids.append(piece)
                 offsets.append((begin, end))
             out.append((ids, offsets))
         return out

@@ -32,6 +32,7 @@ class Vocab:
         self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+        self._offsets_form: str | None = None  # how this sentencepiece gives offsets: found at first use
 
     def __len__(self) -> int:
         return self.sp.get_piece_size()
@@ -42,12 +43,21 @@ class Vocab:
     def encode(self, lines: list[str]) -> list[list[int]]:
         return self.sp.encode(lines)
 
-    def encode_with_bytes(self, lines: list[str]) -> list[list[tuple[int, int, int]]]:
-        """The pieces of each line as (id, begin, end), begin and end counting UTF-8 bytes of the line as given
-        (before sentencepiece's normalisation): what the piece stands for."""
-        # serialized_proto is the one form with offsets that every sentencepiece >= 0.2 gives without protobuf
-        # installed ("immutable_proto" is refused after 0.2.0, "proto" needs protobuf): read its wire format
-        return [_piece_offsets(data) for data in self.sp.encode(lines, out_type="serialized_proto")]
+    def encode_with_offsets(self, lines: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """The pieces of each line (those `encode` gives) and the (begin, end) character offsets of the line, as
+        given before sentencepiece's normalisation, that each piece stands for."""
+        if self._offsets_form is None:
+            self._offsets_form = _offsets_form(self.sp)
+        if self._offsets_form == "offset_mapping":
+            return [
+                (m["ids"], [tuple(o) for o in m["offsets"]]) for m in self.sp.encode(lines, out_type="offset_mapping")
+            ]
+        if self._offsets_form == "immutable_proto":
+            protos = self.sp.encode(lines, out_type="immutable_proto")
+            pieces = [[(p.id, p.begin, p.end) for p in proto.pieces] for proto in protos]
+        else:
+            pieces = [_piece_offsets(data) for data in self.sp.encode(lines, out_type="serialized_proto")]
+        return [_in_characters(line, line_pieces) for line, line_pieces in zip(lines, pieces)]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode(ids)
@@ -65,6 +75,32 @@ class Vocab:
             return cls(path.read_bytes())
         except (OSError, RuntimeError) as e:
             raise UserError(f"cannot load the vocabulary {path}: {e}") from None
+
+
+def _offsets_form(sp: spm.SentencePieceProcessor) -> str:
+    """The fastest form of an encoding with offsets that this sentencepiece gives: "offset_mapping" (character
+    offsets, in the newest releases), "immutable_proto" (byte offsets; refused after 0.2.0), else the
+    "serialized_proto" every release gives, read here ("proto" would need protobuf installed, and is the
+    serialized bytes in 0.2.0)."""
+    for form in ("offset_mapping", "immutable_proto"):
+        try:
+            sp.encode(["a b"], out_type=form)
+        except Exception:  # an unknown form is a ValueError in some releases, a RuntimeError in others
+            continue
+        return form
+    return "serialized_proto"
+
+
+def _in_characters(line: str, pieces: list[tuple[int, int, int]]) -> tuple[list[int], list[tuple[int, int]]]:
+    """(ids, character offsets) from (id, begin byte, end byte) of each piece of `line`."""
+    char_at = [0] * (len(line.encode("utf-8")) + 1)
+    at = 0
+    for i, ch in enumerate(line):
+        size = len(ch.encode("utf-8"))
+        char_at[at : at + size] = [i] * size
+        at += size
+    char_at[at] = len(line)
+    return [p for p, _, _ in pieces], [(char_at[b], char_at[e]) for _, b, e in pieces]
 
 
 def _varint(data: bytes, i: int) -> tuple[int, int]:
