@@ -236,9 +236,10 @@ def decode_spans(
     out = []
     for q, question in enumerate(questions):
         ranked = sorted(spans[q].items(), key=lambda item: -item[1][0])[:n_best]
-        weights = [math.exp(score - ranked[0][1][0]) for _, (score, _, _) in ranked]
+        weights = [math.exp(score - ranked[0][1][0]) for _, (score, _, _) in ranked]  # the best is 1: no overflow
+        total = sum(weights)
         best = [
-            Span(question.context[a:b], a, b, score, start, end, w / sum(weights))
+            Span(question.context[a:b], a, b, score, start, end, w / total)
             for ((a, b), (score, start, end)), w in zip(ranked, weights)
         ]
         diff = null[q] - best[0].score if best else math.inf
