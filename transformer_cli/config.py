@@ -645,7 +645,9 @@ class FinetuneTaskConfig(Section):
     """What is learnt: the head and the metrics."""
 
     kind: Literal[tuple(TASK_KINDS)] = Field(  # type: ignore[valid-type]  (one module per kind: kinds/)
-        "classification", description="a label per text (or pair), one number per text, or a tag per word"
+        "classification",
+        description="a label per text (or pair), one number per text, a tag per word, or an answer span in a "
+        "context (span: extractive QA, SQuAD)",
     )
     glue: str | None = Field(
         None,
@@ -655,7 +657,17 @@ class FinetuneTaskConfig(Section):
     metrics: list[str] | None = Field(
         None,
         description="metrics of each evaluation, whose mean selects best.pt (null: the task's): accuracy, f1, "
-        "mcc (classification); pearson, spearman (regression); entity_f1, entity_precision, entity_recall (tagging)",
+        "mcc (classification); pearson, spearman (regression); entity_f1, entity_precision, entity_recall (tagging); "
+        "exact_match, f1 (span: SQuAD's, in percent)",
+    )
+    max_answer_len: int = Field(30, ge=1, le=MAX_POSITIONS, description="span: the longest answer, in pieces")
+    n_best: int = Field(20, ge=1, le=1000, description="span: candidate answers kept per question")
+    null_threshold: float = Field(
+        0.0,
+        ge=-1e6,
+        le=1e6,
+        description="span, SQuAD v2: answer nothing when the no-answer score ([CLS]'s start + end logit) beats the "
+        "best span's by more than this",
     )
 
 
@@ -676,6 +688,10 @@ class FinetuneDataConfig(Section):
     max_seq_len: int = Field(
         128, ge=8, le=MAX_POSITIONS, description="pieces per example, [CLS] and [SEP]s included; longer are cut"
     )
+    doc_stride: int = Field(
+        128, ge=1, le=MAX_POSITIONS, description="span: pieces that consecutive windows of a long context share"
+    )
+    max_query_len: int = Field(64, ge=1, le=MAX_POSITIONS, description="span: a question's pieces; longer are cut")
 
 
 # The keys of FinetuneModelConfig that give the encoder's architecture, for `init: none` only.
@@ -769,6 +785,8 @@ class FinetuneRunConfig(Section):
                     f"data.{key} is set but task.glue ({self.task.glue}) gives the task's files and columns; "
                     "remove it (data.dir names the GLUE folder)"
                 )
+        elif TASK_KINDS[self.task.kind].reads == "squad":
+            _check_span(self)
         elif TASK_KINDS[self.task.kind].reads == "conll":
             key = next((k for k in ("text", "pair", "label") if getattr(d, k) != getattr(defaults, k)), None)
             if key is not None:
@@ -784,8 +802,35 @@ class FinetuneRunConfig(Section):
                     raise ValueError(
                         f"data.{key} and data.{other} both name the column {column!r}; each role needs its own column"
                     )
+        if self.task.kind != "span":
+            task_defaults = FinetuneTaskConfig()
+            changed = [f"task.{k}" for k in _SPAN_TASK_KEYS if getattr(self.task, k) != getattr(task_defaults, k)]
+            changed += [f"data.{k}" for k in _SPAN_DATA_KEYS if getattr(d, k) != getattr(defaults, k)]
+            if changed:
+                raise ValueError(f"{changed[0]} is for task.kind span (extractive QA); remove it")
         _check_metrics(self.task)
         _check_train(self.train)
+
+
+_SPAN_TASK_KEYS, _SPAN_DATA_KEYS = ("max_answer_len", "n_best", "null_threshold"), ("doc_stride", "max_query_len")
+
+
+def _check_span(cfg: FinetuneRunConfig) -> None:
+    """Extractive QA reads SQuAD files, not table columns, and its windows must move forward through a context."""
+    d, defaults = cfg.data, FinetuneDataConfig()
+    key = next((k for k in ("format", "text", "pair", "label") if getattr(d, k) != getattr(defaults, k)), None)
+    if key is not None:
+        raise ValueError(
+            f"data.{key} is for tables, but span reads SQuAD files (.json as published, or .jsonl lines of "
+            '{"id", "question", "context", "answers"}); remove it'
+        )
+    room = d.max_seq_len - d.max_query_len - 3  # the context's pieces in a window after [CLS] question [SEP] .. [SEP]
+    if d.doc_stride >= room:
+        raise ValueError(
+            f"data.doc_stride {d.doc_stride} must be less than the {room} context pieces a window has (max_seq_len "
+            f"{d.max_seq_len} - max_query_len {d.max_query_len} - 3 for [CLS] and two [SEP]); lower doc_stride or "
+            "max_query_len, or raise max_seq_len"
+        )
 
 
 def _first_changed(section: Section, defaults: Section) -> str:

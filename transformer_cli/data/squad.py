@@ -10,6 +10,7 @@ question id. No torch here.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,12 @@ class Question:
     where: str = ""  # "file" or "file:line", for later complaints about this question
 
 
-def read_squad(path: str | Path) -> list[Question]:
+def read_squad(path: str | Path, need_answers: bool = True) -> list[Question]:
     """The questions of a SQuAD file, in file order: `.jsonl` is JSON lines; `.json` the published nested layout,
-    or JSON lines when it holds one object a line (HF `datasets`' to_json writes those under .json too)."""
+    or JSON lines when it holds one object a line (HF `datasets`' to_json writes those under .json too).
+
+    `need_answers` False (questions to answer, `tcli predict`): a question may lack "answers" (and, on a JSON
+    line, "id": its line number stands for it)."""
     path = Path(path)
     check_file(path, f"{path}: {{what}}; give a SQuAD .json or a .jsonl of questions")
     try:
@@ -61,10 +65,12 @@ def read_squad(path: str | Path) -> list[Question]:
             raise UserError(f"{path}: not valid JSON ({_why(e)})") from None
         else:
             if not (isinstance(whole, dict) and "data" not in whole and "question" in whole):
-                questions = _read_nested(path, whole)
+                questions = _read_nested(path, whole, need_answers)
                 _check_unique(questions)
                 return questions
-    questions = _read_lines(path, text)
+    questions = question_lines(str(path), enumerate(text.splitlines(), start=1), need_answers)
+    if not questions:
+        raise UserError(f"{path}: no questions (empty file)")
     _check_unique(questions)
     return questions
 
@@ -91,7 +97,7 @@ def _why(e: Exception) -> str:
     return "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0][:80]
 
 
-def _read_nested(path: Path, whole: Any) -> list[Question]:
+def _read_nested(path: Path, whole: Any, need_answers: bool = True) -> list[Question]:
     layout = '{"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers"}]}]}]}'
     if not isinstance(whole, dict) or not isinstance(whole.get("data"), list):
         raise UserError(f'{path}: not a SQuAD file: it needs a top-level object with a list under "data" ({layout})')
@@ -114,14 +120,18 @@ def _read_nested(path: Path, whole: Any) -> list[Question]:
                 if not isinstance(qa, dict):
                     raise UserError(f"{here}.qas[{q}] is not an object")
                 qid = _id(qa, f"{here}.qas[{q}]")
-                questions.append(_nested_question(qa, qid, context, title, str(path)))
+                questions.append(_nested_question(qa, qid, context, title, str(path), need_answers))
     if not questions:
         raise UserError(f"{path}: no questions")
     return questions
 
 
-def _nested_question(qa: dict[str, Any], qid: str, context: str, title: str, where: str) -> Question:
+def _nested_question(
+    qa: dict[str, Any], qid: str, context: str, title: str, where: str, need_answers: bool = True
+) -> Question:
     here = f"{where}: question {quote(qid)}"
+    if not need_answers and "answers" not in qa:
+        return Question(qid, _question(qa, here), context, (), (), title, where)
     impossible = qa.get("is_impossible", False)
     if not isinstance(impossible, bool):
         raise UserError(f"{here}: is_impossible is {quote(impossible, 40)}; it must be true or false")
@@ -180,10 +190,15 @@ def _answer(text: Any, start: Any, where: str, context: str, check_offset: bool 
     return Answer(text, start)
 
 
-def _read_lines(path: Path, text: str) -> list[Question]:
+def question_lines(name: str, lines: Iterable[tuple[int, str]], need_answers: bool = True) -> list[Question]:
+    """The questions of numbered JSON lines (of the file or stream `name`); blank lines are skipped. Without
+    `need_answers`, "id" (its line number by default) and "answers" may be left out."""
+    path = name
     example = '{"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}}'
+    if not need_answers:
+        example = '{"question", "context"} (an "id" is optional)'
     questions = []
-    for n, raw in enumerate(text.splitlines(), start=1):
+    for n, raw in lines:
         if not raw.strip():
             continue
         where = f"{path}:{n}"
@@ -197,15 +212,15 @@ def _read_lines(path: Path, text: str) -> list[Question]:
             raise UserError(f"{where}: not valid JSON ({_why(e)})") from None
         if not isinstance(obj, dict):
             raise UserError(f"{where}: not a JSON object; each line is one question like {example}")
-        for key in ("id", "question", "context", "answers"):
+        for key in ("id", "question", "context", "answers") if need_answers else ("question", "context"):
             if key not in obj:
                 raise UserError(f"{where}: no key {quote(key)}; each line is one question like {example}")
-        qid = _id(obj, where)
+        qid = _id(obj, where) if "id" in obj else str(n)
         here = f"{where}: question {quote(qid)}"
         context = obj["context"]
         if not isinstance(context, str) or not context.strip():
             raise UserError(f'{here} has no "context" text')
-        answers = obj["answers"]
+        answers = obj.get("answers", {"text": [], "answer_start": []})
         texts, starts = (answers.get("text"), answers.get("answer_start")) if isinstance(answers, dict) else (0, 0)
         if not isinstance(texts, list) or not isinstance(starts, list) or len(texts) != len(starts):
             raise UserError(
@@ -216,8 +231,6 @@ def _read_lines(path: Path, text: str) -> list[Question]:
             raise UserError(f"{here}: the title is {quote(title, 40)}, not a string")
         found = tuple(_answer(t, s, here, context) for t, s in zip(texts, starts))
         questions.append(Question(qid, _question(obj, here), context, found, (), title, where))
-    if not questions:
-        raise UserError(f"{path}: no questions (empty file)")
     return questions
 
 

@@ -14,17 +14,24 @@ windows) beats that span by more than `null_threshold` (run_qa.py's null_score_d
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from transformer_cli.core.errors import UserError
-from transformer_cli.data.squad import Question
+from transformer_cli.core.errors import UserError, finite_number
+from transformer_cli.data.squad import Question, version_2
+from transformer_cli.kinds.base import Kind
+from transformer_cli.metrics.squad import squad_v1, squad_v2
 from transformer_cli.vocab.bert_tokenizer import BertTokenizer
+
+if TYPE_CHECKING:
+    from transformer_cli.config import FinetuneRunConfig
 
 CLS = 0  # position of [CLS]: the label of a window without the answer, and the null score's position
 
@@ -137,6 +144,15 @@ class SpanBatch:
     ends: Tensor  # (B,) end labels
     real_tokens: int
     pad_id: int = 0
+
+    @property
+    def labels(self) -> Tensor:
+        """(B, 2): each row's start and end label, as the head takes them."""
+        return torch.stack([self.starts, self.ends], dim=1)
+
+    @property
+    def items(self) -> int:
+        return self.rows
 
     @property
     def counts(self) -> dict[str, int]:
@@ -291,3 +307,133 @@ def _best_in_window(
         if few == scores.size:
             break
     return list(found.items())
+
+
+# ----------------------------------------------------------------------------- the kind (task.kind: span)
+
+
+@dataclass(frozen=True)
+class SpanSettings:
+    """What a QA model's windows and decoding take, stored in its checkpoint (FinetuneMeta.settings): `tcli
+    predict` and `tcli evaluate` cut and decode as its training did."""
+
+    doc_stride: int = 128
+    max_query_len: int = 64
+    max_answer_len: int = 30
+    n_best: int = 20
+    null_threshold: float = 0.0
+    version_2: bool = False  # trained on SQuAD v2 (some questions unanswerable): it may answer nothing
+
+    def state(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: Any, source: str) -> SpanSettings:
+        try:
+            settings = cls(**state)
+        except TypeError:
+            settings = None
+        ints = ("doc_stride", "max_query_len", "max_answer_len", "n_best")
+        if (
+            settings is None
+            or not all(type(getattr(settings, k)) is int and getattr(settings, k) >= 1 for k in ints)
+            or not isinstance(settings.version_2, bool)
+            or not finite_number(settings.null_threshold)
+        ):
+            raise UserError(f"{source}: the stored settings of its span head are damaged; use another checkpoint")
+        return replace(settings, null_threshold=float(settings.null_threshold))
+
+
+@dataclass
+class SpanFeatures:
+    """Every window of a list of questions, with what the shared fine-tuning code reads of features."""
+
+    windows: list[SpanFeature]
+    truncated: int = 0  # questions cut to max_query_len
+    words_lost: int = 0
+
+    def __post_init__(self) -> None:
+        self.ids = [w.ids for w in self.windows]
+        # predict_logits keeps these positions of each row's logits: all of them, (T, 2) per window
+        self.first_pieces = [slice(0, len(w.ids)) for w in self.windows]
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+
+class SpanExtraction(Kind):
+    """Extractive QA: the answer is a span of the context, chosen by a start and an end logit at every position
+    (BertQuestionAnswering); scored by SQuAD's exact match and F1 (v2's rules when a question has no answer)."""
+
+    name = "span"
+    per_token = True
+    has_label_set = False
+    fewest_labels = most_labels = 0
+    hf_class = "BertForQuestionAnswering"
+    problem_type = None
+
+    def outputs(self, labels: Sequence[str]) -> int:
+        return 2
+
+    def hf_labels(self, labels: Sequence[str]) -> list[str]:
+        return ["LABEL_0", "LABEL_1"]  # transformers' default for its 2 outputs
+
+    def describe_outputs(self, labels: Sequence[str]) -> str:
+        return "start and end logits"
+
+    def settings_of(self, cfg: FinetuneRunConfig, data: Any) -> SpanSettings:
+        d, t = cfg.data, cfg.task
+        v2 = version_2(data.train) or version_2(data.valid)
+        return SpanSettings(d.doc_stride, d.max_query_len, t.max_answer_len, t.n_best, t.null_threshold, v2)
+
+    def read_settings(self, state: Any, source: str) -> SpanSettings:
+        return SpanSettings.from_state(state, source)
+
+    def head(self, encoder: Any, outputs: int, dropout: float) -> nn.Module:
+        from transformer_cli.models.heads import BertQuestionAnswering
+
+        return BertQuestionAnswering(encoder)
+
+    def features(self, meta: Any, examples: list[Any]) -> SpanFeatures:
+        s: SpanSettings = meta.settings
+        windows = span_features(examples, meta.tokenizer, meta.max_seq_len, s.doc_stride, s.max_query_len)
+        cut = sum(n > s.max_query_len for n in map(len, meta.tokenizer.encode([q.question.lstrip() for q in examples])))
+        return SpanFeatures(windows, cut)
+
+    def collate(self, features: Any, rows: Sequence[int], pad_id: int, length: int | None) -> SpanBatch:
+        return collate_spans(features.windows, rows, pad_id, length)
+
+    def describe_features(self, meta: Any, split: str, examples: list[Any], features: Any) -> str:
+        cut = f"; {features.truncated:,} questions cut to max_query_len" if features.truncated else ""
+        v2 = f", {sum(not q.answers for q in examples):,} unanswerable" if version_2(examples) else ""
+        return f"{split}: {len(examples):,} questions{v2} in {len(features):,} windows{cut}"
+
+    def decide_examples(
+        self, meta: Any, examples: list[Any], features: Any, logits: list[Tensor]
+    ) -> tuple[list[Any], list[float]]:
+        """One SpanPrediction per question, and its confidence: the answer's probability among the n best, or
+        for no answer that of the null score against the best span."""
+        s: SpanSettings = meta.settings
+        starts, ends = [row[:, 0] for row in logits], [row[:, 1] for row in logits]
+        preds = decode_spans(
+            examples, features.windows, starts, ends, s.max_answer_len, s.n_best, s.version_2, s.null_threshold
+        )
+        probs = [p.n_best[0].probability if p.text else 1 / (1 + math.exp(-min(p.null_diff, 700))) for p in preds]
+        return preds, probs
+
+    def score(self, meta: Any, metrics: Sequence[str], examples: list[Any], preds: list[Any]) -> dict[str, float]:
+        """SQuAD's scores: evaluate-v1.1.py's, or evaluate-v2.0.py's (HasAns_, NoAns_, the best threshold of the
+        no-answer score) when the questions or the model are v2."""
+        golds = {q.id: [a.text for a in q.answers] for q in examples}
+        texts = {p.id: p.text for p in preds}
+        if not (version_2(examples) or meta.settings.version_2):
+            return squad_v1(golds, texts)
+        null_diffs = {p.id: p.null_diff for p in preds}
+        v2 = squad_v2(golds, texts, null_diffs, meta.settings.null_threshold)
+        out = {"exact_match": v2["exact"], "f1": v2["f1"]}
+        out.update({k: float(v) for k, v in v2.items() if k.startswith(("HasAns_", "NoAns_", "best_"))})
+        return {k: v for k, v in out.items() if not k.endswith("_total")}
+
+    def format(self, meta: Any, example: Any, pred: Any, prob: float) -> str:
+        start = pred.n_best[0].start if pred.text else None
+        return json.dumps({"id": example.id, "answer": pred.text, "score": round(prob, 6), "start": start}) + "\n"

@@ -18,7 +18,18 @@ import numpy as np
 
 from transformer_cli.core.kinds import TASK_KINDS
 
-METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman", "entity_f1", "entity_precision", "entity_recall")
+# exact_match (and f1 for extractive QA) are SQuAD's, computed by metrics/squad.py (kinds/span.py scores with it)
+METRICS = (
+    "accuracy",
+    "f1",
+    "mcc",
+    "pearson",
+    "spearman",
+    "entity_f1",
+    "entity_precision",
+    "entity_recall",
+    "exact_match",
+)
 _ENTITY = ("entity_f1", "entity_precision", "entity_recall")
 # The metrics that score each kind of task's predictions (label ids, numbers, sentences of tags): core/kinds.py's.
 BY_KIND = {name: kind.metrics for name, kind in TASK_KINDS.items()}
