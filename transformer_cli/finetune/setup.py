@@ -203,7 +203,6 @@ def scratch_vocab(cfg: FinetuneRunConfig, data: LabelledData) -> Vocab:
     vocab.size too small for a later task's characters stops it there), and the task's runs then take it, each
     seed's too unless the seed samples the texts (more than vocab.max_sentences)."""
     from transformer_cli.bert.setup import train_bert_vocab
-
     from transformer_cli.data.squad import Question
 
     texts: list[str] = []
