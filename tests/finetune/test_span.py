@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from transformer_cli.cli import app
 
-from ..conftest import one_line_error, run_killed, run_tcli
+from ..conftest import ROOT, one_line_error, run_killed, run_tcli
 
 THINGS = "apple river stone cloud tiger lamp violin garden rocket maple".split()
 COLOURS = "red blue green yellow purple orange black white".split()
@@ -172,7 +172,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, squad_dir):
     cases = [
         ((), "answer_start"),
         (("--set", "data.train=train.tsv"), "reads SQuAD files"),
-        (("--set", "data.doc_stride=24"), "data.doc_stride 24 must be less than the 21 context pieces"),
+        (("--set", "data.doc_stride=24"), "data.doc_stride 24 must be at least 1 and less than the 21 context pieces"),
         (("--set", "data.text=question"), "data.text is for tables"),
         (("--set", "task.kind=classification"), "task.max_answer_len is for task.kind span"),
     ]
@@ -309,3 +309,13 @@ def test_qa_head_loss_is_the_mean_of_start_and_end_cross_entropy_and_ignores_pad
     pad = torch.zeros(3, 5, dtype=torch.long)  # (pad_id 0)
     padded = model(torch.cat([ids, pad], 1), torch.cat([types, pad], 1), labels)
     torch.testing.assert_close(padded.loss, out.loss)
+
+
+def test_the_shipped_squad_config_loads_and_a_dumped_span_config_round_trips():
+    import yaml
+
+    from transformer_cli.config import FinetuneRunConfig, dump_config, load_config
+
+    cfg = load_config(FinetuneRunConfig, ROOT / "configs" / "finetune_squad.yaml")
+    assert cfg.task.kind == "span" and (cfg.data.max_seq_len, cfg.data.doc_stride) == (384, 128)
+    assert FinetuneRunConfig.model_validate(yaml.safe_load(dump_config(cfg))) == cfg
