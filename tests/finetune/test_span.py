@@ -183,14 +183,20 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, squad_dir):
         assert not (tmp_path / "run").exists(), extra
 
 
-def test_squad_v2_scores_no_answers_and_finds_the_best_threshold(tmp_path, squad_dir):
-    cfg = write_config(tmp_path / "qa.yaml", squad_dir, train="train2.json", valid="dev2.json")
-    result = invoke("finetune", "--config", str(cfg), "--out", str(tmp_path / "run"), "--set", "train.max_steps=4")
+@pytest.fixture(scope="module")
+def qa_v2_run(tmp_path_factory, squad_dir) -> Path:
+    folder = tmp_path_factory.mktemp("qa2")
+    cfg = write_config(folder / "qa.yaml", squad_dir, train="train2.json", valid="dev2.json")
+    result = invoke("finetune", "--config", str(cfg), "--out", str(folder / "run"), "--set", "train.max_steps=6")
     assert result.exit_code == 0, result.output
-    last = events(tmp_path / "run", "eval")[-1]
+    return folder / "run"
+
+
+def test_squad_v2_scores_no_answers_and_finds_the_best_threshold(qa_v2_run, squad_dir):
+    last = events(qa_v2_run, "eval")[-1]
     assert {"exact_match", "f1", "HasAns_f1", "NoAns_f1", "best_f1", "best_f1_thresh"} <= set(last)
     assert last["best_f1"] >= last["f1"]
-    best = tmp_path / "run" / "checkpoints" / "best.pt"
+    best = qa_v2_run / "checkpoints" / "best.pt"
     assert torch.load(best, weights_only=False)["finetune"]["settings"]["version_2"] is True
     # a v2 model may answer nothing: then with no start
     qs = questions(squad_dir / "dev2.json")
@@ -232,9 +238,13 @@ def test_count_params_counts_the_qa_head(qa_run):
     assert report["hf_class"] == "BertForQuestionAnswering" and report["formula_matches"]
 
 
-def run_qa_answers(folder: Path, qs: list[dict], max_len: int, stride: int) -> list[tuple[str, int | None]]:
+def run_qa_answers(
+    folder: Path, qs: list[dict], max_len: int, stride: int, version_2: bool = False, diffs: list | None = None
+) -> list[tuple[str, int | None]]:
     """transformers' model and tokenizer from the exported folder, windows and answers as run_qa.py (and the
-    question-answering pipeline, gone from transformers 5) make them: 20 best starts by 20 best ends."""
+    question-answering pipeline, gone from transformers 5) make them: 20 best starts by 20 best ends; with
+    `version_2`, no answer where the least [CLS] score over the windows beats the best span (threshold 0), that
+    difference appended to `diffs` for each question."""
     transformers = pytest.importorskip("transformers")
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForQuestionAnswering.from_pretrained(folder).eval()
@@ -252,10 +262,12 @@ def run_qa_answers(folder: Path, qs: list[dict], max_len: int, stride: int) -> l
     with torch.inference_mode():
         out = model(enc["input_ids"], attention_mask=enc["attention_mask"], token_type_ids=enc["token_type_ids"])
     best: dict[int, tuple[float, str, int]] = {}
+    null: dict[int, float] = {}
     for f in range(enc["input_ids"].size(0)):
         n, seq = int(enc["overflow_to_sample_mapping"][f]), enc.sequence_ids(f)
         offsets = enc["offset_mapping"][f].tolist()
         s, e = out.start_logits[f], out.end_logits[f]
+        null[n] = min(null.get(n, float("inf")), float(s[0] + e[0]))
         for i in s.argsort(descending=True)[:20].tolist():
             for j in e.argsort(descending=True)[:20].tolist():
                 if seq[i] != 1 or seq[j] != 1 or j < i or j - i + 1 > 8:
@@ -265,7 +277,38 @@ def run_qa_answers(folder: Path, qs: list[dict], max_len: int, stride: int) -> l
                     a, b = offsets[i][0], offsets[j][1]
                     raw = qs[n]["context"][a:b]  # (a sentencepiece "▁" piece stands for the space before a word)
                     best[n] = (score, raw.strip(), a + len(raw) - len(raw.lstrip()))
-    return [(best[n][1], best[n][2]) if n in best else ("", None) for n in range(len(qs))]
+    if diffs is not None:
+        diffs += [null[n] - best[n][0] for n in range(len(qs))]
+    answered = [n in best and not (version_2 and null[n] - best[n][0] > 0) for n in range(len(qs))]
+    return [(best[n][1], best[n][2]) if answered[n] else ("", None) for n in range(len(qs))]
+
+
+def test_export_hf_of_a_v2_model_answers_nothing_where_tcli_does(qa_v2_run, squad_dir, tmp_path):
+    pytest.importorskip("transformers")
+    best = qa_v2_run / "checkpoints" / "best.pt"
+    result = cli("export-hf", "--checkpoint", str(best), "--out", str(tmp_path / "hf"))
+    assert result.exit_code == 0, result.output
+    qs = questions(squad_dir / "dev2.json")
+    lines = [json.dumps({"id": q["id"], "question": q["question"], "context": q["context"]}) for q in qs]
+    ours = run_tcli("predict", "--checkpoint", str(best), "--device", "cpu", input="\n".join(lines) + "\n")
+    assert ours.returncode == 0, ours.stderr
+    tcli_answers = [(o["answer"], o["start"]) for o in map(json.loads, ours.stdout.splitlines())]
+    hf_diffs: list[float] = []
+    hf_answers = run_qa_answers(tmp_path / "hf", qs, 48, 8, version_2=True, diffs=hf_diffs)
+    same = sum(a == b for a, b in zip(tcli_answers, hf_answers))
+    assert same >= 0.99 * len(qs), [(a, b) for a, b in zip(tcli_answers, hf_answers) if a != b]
+    # the no-answer score's lead over the best span, which decides for any null_threshold, is transformers' too
+    from transformer_cli.data.squad import read_squad
+    from transformer_cli.finetune.predict import Predictor
+    from transformer_cli.kinds.finetuned import decide, features_of, length_order, predict_logits
+
+    p = Predictor(best, "cpu")
+    examples = read_squad(squad_dir / "dev2.json")
+    feats = features_of(p.meta, examples)
+    pad, limit = p.meta.tokenizer.pad_id, p.meta.max_seq_len
+    logits = predict_logits(p.model, feats, length_order(feats, 8), pad, "span", p.runtime, limit)
+    preds, _ = decide(p.meta, logits, examples, feats)
+    assert [pred.null_diff for pred in preds] == pytest.approx(hf_diffs, abs=1e-4)
 
 
 def test_export_hf_is_bert_for_question_answering_with_tcli_answers(qa_run, squad_dir, tmp_path):
