@@ -161,6 +161,22 @@ def test_predict_answers_json_lines_with_spans_of_the_context(qa_run, squad_dir,
     assert [(o["answer"], o["start"]) for o in whole[:4]] == [(o["answer"], o["start"]) for o in out]
 
 
+def test_questions_predict_and_evaluate_cannot_read_are_one_line(qa_run, squad_dir, tmp_path):
+    best = str(qa_run / "checkpoints" / "best.pt")
+    good = json.dumps({"question": "What colour is the lamp?", "context": "The lamp is red."})
+    for text, fragment in (
+        (good + "\nWhat colour is the lamp?\n", "<stdin>:2: not valid JSON"),
+        (good + "\n" + json.dumps({"question": "Why?"}) + "\n", "<stdin>:2: no key 'context'"),
+        (json.dumps({"question": "Why?", "context": " "}) + "\n", 'no "context" text'),
+    ):
+        result = run_tcli("predict", "--checkpoint", best, "--device", "cpu", input=text)
+        one_line_error(result, fragment)
+    table = tmp_path / "dev.tsv"
+    table.write_text("question\tcontext\nWhy?\tBecause.\n")
+    one_line_error(run_tcli("predict", "--checkpoint", best, "--input", str(table)), "reads a SQuAD .json")
+    one_line_error(run_tcli("evaluate", "--checkpoint", best, "--input", str(table)), "scores SQuAD files")
+
+
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, squad_dir):
     data = tmp_path / "data"
     data.mkdir()

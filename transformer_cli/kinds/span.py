@@ -404,7 +404,8 @@ class SpanExtraction(Kind):
         return collate_spans(features.windows, rows, pad_id, length)
 
     def describe_features(self, meta: Any, split: str, examples: list[Any], features: Any) -> str:
-        cut = f"; {features.truncated:,} questions cut to max_query_len" if features.truncated else ""
+        n = features.truncated
+        cut = f"; {n:,} question{'s' if n != 1 else ''} cut to max_query_len" if n else ""
         v2 = f", {sum(not q.answers for q in examples):,} unanswerable" if version_2(examples) else ""
         return f"{split}: {len(examples):,} questions{v2} in {len(features):,} windows{cut}"
 
