@@ -43,8 +43,8 @@ def read_squad(path: str | Path, need_answers: bool = True) -> list[Question]:
     """The questions of a SQuAD file, in file order: `.jsonl` is JSON lines; `.json` the published nested layout,
     or JSON lines when it holds one object a line (HF `datasets`' to_json writes those under .json too).
 
-    `need_answers` False (questions to answer, `tcli predict`): a question may lack "answers" (and, on a JSON
-    line, "id": its line number stands for it)."""
+    `need_answers` False (questions to answer, `tcli predict`): "answers" are not read (nor needed), and a JSON
+    line may lack "id" (its line number stands for it)."""
     path = Path(path)
     check_file(path, f"{path}: {{what}}; give a SQuAD .json or a .jsonl of questions")
     try:
@@ -130,7 +130,7 @@ def _nested_question(
     qa: dict[str, Any], qid: str, context: str, title: str, where: str, need_answers: bool = True
 ) -> Question:
     here = f"{where}: question {quote(qid)}"
-    if not need_answers and "answers" not in qa:
+    if not need_answers:  # questions to answer: any answers they carry are not read
         return Question(qid, _question(qa, here), context, (), (), title, where)
     impossible = qa.get("is_impossible", False)
     if not isinstance(impossible, bool):
@@ -220,7 +220,8 @@ def question_lines(name: str, lines: Iterable[tuple[int, str]], need_answers: bo
         context = obj["context"]
         if not isinstance(context, str) or not context.strip():
             raise UserError(f'{here} has no "context" text')
-        answers = obj.get("answers", {"text": [], "answer_start": []})
+        # questions to answer: any answers they carry are not read
+        answers = obj["answers"] if need_answers else {"text": [], "answer_start": []}
         texts, starts = (answers.get("text"), answers.get("answer_start")) if isinstance(answers, dict) else (0, 0)
         if not isinstance(texts, list) or not isinstance(starts, list) or len(texts) != len(starts):
             raise UserError(
