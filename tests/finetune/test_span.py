@@ -381,3 +381,15 @@ def test_the_shipped_squad_config_loads_and_a_dumped_span_config_round_trips():
     cfg = load_config(FinetuneRunConfig, ROOT / "configs" / "finetune_squad.yaml")
     assert cfg.task.kind == "span" and (cfg.data.max_seq_len, cfg.data.doc_stride) == (384, 128)
     assert FinetuneRunConfig.model_validate(yaml.safe_load(dump_config(cfg))) == cfg
+
+
+def test_damaged_span_settings_in_a_checkpoint_are_one_line(qa_run, tmp_path):
+    ckpt = torch.load(qa_run / "checkpoints" / "best.pt", weights_only=False)
+    good = dict(ckpt["finetune"]["settings"])
+    for damage in ({"doc_stride": 0}, {"n_best": 2.5}, {"version_2": "yes"}, {"unknown": 1}):
+        ckpt["finetune"]["settings"] = {**good, **damage}
+        torch.save(ckpt, tmp_path / "damaged.pt")
+        for command in ("predict", "evaluate", "count-params") if "unknown" in damage else ("predict",):
+            extra = ("--split", "valid") if command == "evaluate" else ()
+            result = run_tcli(command, "--checkpoint", str(tmp_path / "damaged.pt"), *extra, input="")
+            one_line_error(result, "the stored settings of its span head are damaged")
