@@ -1,6 +1,6 @@
 """Speed of tcli against the reference implementations, measured side by side in one run.
 
-    python scripts/benchmark.py --nmt-checkpoint runs/m30k/checkpoints/best.pt --write BENCHMARKS.md
+    python scripts/benchmark.py --nmt-checkpoint runs/m30k/checkpoints/best.pt --write docs/benchmarks
 
 Runs, in one process tree on this machine: the matmul peak (fp32, bf16); translation training
 (`tcli train` on Multi30k, steady-state `tgt_tokens_per_sec` from metrics.jsonl) against
@@ -13,8 +13,14 @@ shared machine's noise hits both; ratios use medians. Both sides run in the prec
 on this machine (bf16 where the CPU multiplies bf16 natively, else fp32), and the run names the CPU and
 its matrix instruction sets (from /proc/cpuinfo), so that every kind of machine gets its own row.
 
-With `--write FILE` this machine's row of FILE's "by machine" table and its own section (between markers
-that name the machine) are replaced, or added when the machine is new; other machines' stay as they are.
+With `--write DIR` (the benchmarks pages, docs/benchmarks) this machine's row of the "by machine" table and its
+own section are replaced, each in the page under DIR that holds its markers (the table in DIR/index.md, the
+section between `<!-- benchmark:start KEY -->` and `<!-- benchmark:end KEY -->`, KEY naming the CPU, in
+DIR/machines/<slug>.md); other machines' stay as they are. A CPU seen for the first time gets a new page,
+DIR/machines/<slug>.md (its key as heading, and the markers), and an entry in the nav of DIR/../../mkdocs.yml, on
+the line after its comment `# benchmark machine pages (scripts/benchmark.py adds new ones here)`. `--only data`
+replaces the page that holds the `benchmark-data` markers. `--write FILE` does the same within one Markdown file,
+a new machine's section going after the last machine's.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -39,7 +46,7 @@ import torch
 from transformer_cli.core.metrics_log import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # as when run as a script: its peers import by name
-from gpu_measure import bert_train_flops, mfu, translation_train_flops  # noqa: E402  (one FLOPs/MFU definition)
+from gpu_measure import mfu  # noqa: E402  (one MFU definition)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -114,15 +121,19 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
 
 def train_flops_per_token(kind: str) -> float:
     """Model FLOPs of one fwd+bwd step per token at the benchmark's sizes (NMT_SIZE, BERT_SIZE): the formulas of
-    scripts/gpu_measure.py, the one definition the GPU check uses too, on a batch of the benchmark's shape
+    transformer_cli.models.params, the one definition the GPU check uses too, on a batch of the benchmark's shape
     (translation: 16 source and 17 target tokens a sentence; BERT: 128 tokens, 19 masked, as with 15%)."""
-    d, ffn, vocab = 256, 1024, 8000
+    from transformer_cli.models.params import bert_train_flops, translation_train_flops
+    from transformer_cli.tools.count_params import preset_config
+
     if kind == "nmt":
         src_len, tgt_len = 16, 17
-        flops = translation_train_flops(d, ffn, 3, 3, vocab, src_len, tgt_len, src_len, tgt_len)
+        cfg = preset_config("transformer-base", NMT_SIZE)
+        flops = translation_train_flops(cfg.model, cfg.vocab.size, src_len, tgt_len, src_len, tgt_len)
         return flops["total"] / tgt_len
     seq_len, masked = 128, 19
-    return bert_train_flops(d, ffn, 4, vocab, seq_len, seq_len, masked, 1)["total"] / seq_len
+    cfg = preset_config("bert-base", BERT_SIZE)
+    return bert_train_flops(cfg.model, cfg.vocab.size, seq_len, seq_len, masked, 1)["total"] / seq_len
 
 
 def nmt_train_args(steps: int, log_every: int = 25, eval_every: int = 100000, size: list[str] = NMT_SIZE) -> list[str]:
@@ -281,7 +292,7 @@ def bench_ddp(work: Path, steps: int) -> dict:
 
 def machine() -> dict:
     """The CPU's model name, its matrix instruction sets (ISA_FLAGS present in /proc/cpuinfo), and what tcli
-    picks on it. `key` names the machine in BENCHMARKS.md: one row and one section per key."""
+    picks on it. `key` names the machine in the benchmarks pages: one row and one section per key."""
     model, flags = None, set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -1083,7 +1094,12 @@ def main() -> None:
     p.add_argument("--memory-steps", type=int, default=2000)
     p.add_argument("--ddp-steps", type=int, default=150)
     p.add_argument("--nmt-checkpoint", type=Path, help="a trained Multi30k model for the decoding benchmark")
-    p.add_argument("--write", type=Path, help="replace the sections that ran between their markers in this file")
+    p.add_argument(
+        "--write",
+        type=Path,
+        help="replace the sections that ran between their markers in the pages of this folder (docs/benchmarks) "
+        "or in this one file",
+    )
     p.add_argument(
         "--data-scales",
         type=lambda t: tuple(map(int, t.split(","))),
@@ -1144,11 +1160,95 @@ def main() -> None:
         print(text)
     print(json.dumps({k: v for k, v in result.items() if k != "data"}, indent=1, default=str), file=sys.stderr)
     if a.write:
-        doc = a.write.read_text(encoding="utf-8")
-        if speed:
-            doc = add_machine_section(doc, result["machine"])
-            doc = update_machine_row(doc, result)
-        a.write.write_text(write_sections(doc, sections), encoding="utf-8")
+        for path in write_results(a.write, result if speed else None, sections):
+            print(f"wrote {path}", file=sys.stderr)
+
+
+def write_results(target: Path, r: dict | None, sections: dict[tuple[str, str], str]) -> list[Path]:
+    """Write this run's machine row (when `r`, the speed result, is given) and `sections` into the pages of the
+    folder `target`, or into the one file `target`; the files written."""
+    if not target.is_dir():
+        doc = target.read_text(encoding="utf-8")
+        if r is not None:
+            doc = update_machine_row(add_machine_section(doc, r["machine"]), r)
+        target.write_text(write_sections(doc, sections), encoding="utf-8")
+        return [target]
+    docs: dict[Path, str] = {}  # the pages read so far, with the changes made to them
+
+    def holder(marker: str) -> Path | None:
+        for path in dict.fromkeys([target / "index.md", *sorted(target.rglob("*.md"))]):
+            if path not in docs and path.is_file():
+                docs[path] = path.read_text(encoding="utf-8")
+            if marker in docs.get(path, ""):
+                return path
+        return None
+
+    def needed(marker: str) -> Path:
+        path = holder(marker)
+        if path is None:
+            raise SystemExit(f"no page under {target} holds the {marker} marker")
+        return path
+
+    written: set[Path] = set()
+    if r is not None:
+        if holder(START.format(r["machine"]["key"])) is None:
+            page = add_machine_page(target, r["machine"]["key"])
+            docs[page] = page.read_text(encoding="utf-8")
+        table = needed(MACHINES_START)
+        docs[table] = update_machine_row(docs[table], r)
+        written.add(table)
+    for markers, text in sections.items():
+        path = needed(markers[0])
+        docs[path] = write_sections(docs[path], {markers: text})
+        written.add(path)
+    for path in sorted(written):
+        path.write_text(docs[path], encoding="utf-8")
+    return sorted(written)
+
+
+# The line of mkdocs.yml's nav after which a new machine's page is listed.
+NAV_COMMENT = "# benchmark machine pages (scripts/benchmark.py adds new ones here)"
+
+
+def machine_slug(key: str) -> str:
+    """A page name for a CPU key: the model's words and the widest matrix instructions it has, e.g.
+    "Intel(R) Xeon(R) Processor [avx2 ... amx_bf16 amx_int8]" -> intel-xeon-amx."""
+    cpu, _, flags = key.partition(" [")
+    isa = set(flags.rstrip("]").split())
+    words = re.findall(r"[a-z0-9]+", re.sub(r"\((r|tm)\)|\b(processor|cpu)\b|@.*$", " ", cpu.lower()))
+    if any(flag.startswith("amx") for flag in isa):
+        words.append("amx")
+    elif "avx512_bf16" in isa:
+        words += ["avx512", "bf16"]
+    elif "avx512f" in isa:
+        words.append("avx512")
+    elif "avx2" in isa:
+        words.append("avx2")
+    return "-".join(words) or "cpu"
+
+
+def add_machine_page(folder: Path, key: str) -> Path:
+    """A new page, folder/machines/<slug>.md, with the key as heading and empty markers, listed in the nav of the
+    mkdocs.yml two folders up (or a line saying why it could not be)."""
+    base = machine_slug(key)
+    page, n = folder / "machines" / f"{base}.md", 2
+    while page.exists():  # another kind's page took the name: two keys may share a model and its widest flags
+        page, n = folder / "machines" / f"{base}-{n}.md", n + 1
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(f"# {key}\n\n{START.format(key)}\n{END.format(key)}\n", encoding="utf-8")
+    mkdocs = folder.resolve().parents[1] / "mkdocs.yml"
+    entry = f"{folder.name}/machines/{page.name}"
+    lines = mkdocs.read_text(encoding="utf-8").splitlines(keepends=True) if mkdocs.is_file() else []
+    at = next((i for i, line in enumerate(lines) if line.strip() == NAV_COMMENT), None)
+    if at is None:
+        why = "is missing" if not lines else f"has no line {NAV_COMMENT!r}"
+        print(f'{mkdocs} {why}: add - "{key}": {entry} to its nav by hand', file=sys.stderr)
+        return page
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    quoted = key.replace("\\", "\\\\").replace('"', '\\"')
+    lines.insert(at + 1, f'{indent}- "{quoted}": {entry}\n')
+    mkdocs.write_text("".join(lines), encoding="utf-8")
+    return page
 
 
 def write_sections(doc: str, sections: dict[tuple[str, str], str]) -> str:

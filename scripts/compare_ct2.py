@@ -21,7 +21,7 @@ import torch
 
 from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.core.text import read_lines
-from transformer_cli.metrics.bleu import bleu
+from transformer_cli.metrics.bleu import bleu, resolve_tokenizer
 from transformer_cli.translation.decode import DecodeOptions
 from transformer_cli.translation.translate import Translator
 
@@ -80,6 +80,7 @@ def main() -> None:
     sources, references = read_lines(args.source), read_lines(args.reference)
     ckpt = read_checkpoint(args.checkpoint, kind="translation")
     src_vocab, tgt_vocab = ckpt.vocabs
+    tokenize = resolve_tokenizer(ckpt.cfg.eval.bleu_tokenize, ckpt.cfg.data.tgt_lang)
     model = ckpt.build_model().eval()
     opts = DecodeOptions(beam=5, lenpen=1.0, max_len_a=1.2, max_len_b=10, max_tokens=8000, nbest=1)
     limit = model.positions.size(0) - 1
@@ -93,7 +94,7 @@ def main() -> None:
     report["tcli_fp32"] = {
         "seconds": time.perf_counter() - t0,
         "tokens": tcli.decoded_tokens,
-        "bleu": bleu(ours, references)[0],
+        "bleu": bleu(ours, references, tokenize)[0],
     }
     runs = [("ct2_fp32", fp32)]
     if args.ct2_int8:
@@ -111,7 +112,7 @@ def main() -> None:
         report[name] = {
             "seconds": time.perf_counter() - t0,
             "tokens": tokens,
-            "bleu": bleu(theirs, references)[0],
+            "bleu": bleu(theirs, references, tokenize)[0],
             "identical_to_tcli": sum(a == b for a, b in zip(ours, theirs)) / len(sources),
         }
     for key in ("tcli_fp32", "ct2_fp32", "ct2_int8"):

@@ -1,6 +1,6 @@
 """Print the config reference (markdown tables) from the typed config classes.
 
-The README's "Config reference" section is this script's output; tests/test_docs.py checks they agree.
+docs/reference/config.md is built from it (scripts/docs_reference.py); tests/test_docs.py checks they agree.
     python scripts/config_reference.py
 """
 

@@ -8,8 +8,9 @@ out-of-memory, a hang) is recorded and the others still run:
 - device: the GPU, its bf16 dense peak from a table of datasheet values (or, for a GPU not in the
   table, a measured large bf16 matmul, which is always measured and reported too);
 - train_translation_base, train_bert_base, train_bert_large: bf16 training throughput of tcli's own
-  models (built from the count-params presets by `transformer_cli.models.builders`) on synthetic
-  random token batches: tokens/s, sequences/s, peak GPU memory, model FLOPs utilisation;
+  models (built from the count-params presets by `transformer_cli.models.builders`, each step the
+  trainer's own `Trainer.update`) on synthetic random token batches: tokens/s, sequences/s, peak GPU
+  memory, model FLOPs utilisation;
 - decode_beam5: beam-5 decoding tokens/s of a transformer-base-size model (`transformer_cli.translation.decode`);
 - tests: the test suite with CUDA visible (`pytest -v`, on pytest-xdist workers where it is installed),
   under the time that is left (every failure named).
@@ -18,7 +19,7 @@ Without CUDA every GPU section is recorded as skipped with its reason and the wh
 seconds; `--cpu-tests` runs the test suite anyway. `--device cpu --tiny` runs the measurement
 sections with tiny models on the CPU (a smoke test of the code paths, not a measurement).
 
-The measurements live in scripts/gpu_measure.py; both modules import without a GPU (tests/test_gpu_check.py).
+The measurements live in scripts/gpu_measure.py; both modules import without a GPU (tests/scripts/test_gpu_check.py).
 """
 
 from __future__ import annotations

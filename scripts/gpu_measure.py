@@ -1,10 +1,12 @@
 """The measurements of scripts/gpu_check.py: bf16 peaks, model FLOPs, and training / decoding speed of
 tcli's own models on synthetic batches. Every function takes a `device`, so each runs on the CPU with
-a tiny model in a test (tests/test_gpu_check.py) before a GPU is ever lent.
+a tiny model in a test (tests/scripts/test_gpu_check.py) before a GPU is ever lent.
 
-Training steps use tcli's pieces: models from the count-params presets (`transformer_cli.params`,
-`transformer_cli.models.builders`), bf16 autocast from `Runtime.context()`, the models' fused loss,
-fused AdamW from `build_optimizer`, gradient clipping, as `Trainer.train_step` does after backward.
+A timed training step is the trainer's own: `Trainer.update` (`Trainer.train_step`: autocast from
+`Runtime.context()`, the task's `step_loss`, backward, clipping, the optimizer and its schedule) on a
+`TranslationTask` or `BertTask` given a synthetic batch instead of a corpus, with the model of a count-params
+preset (`transformer_cli.tools.count_params`, `transformer_cli.models.builders`). Parameters are counted on
+the built model and model FLOPs come from `transformer_cli.models.params`, the count-params formulas.
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ from typing import Any
 
 import torch
 
+from transformer_cli.bert.task import BertTask
+from transformer_cli.data.bert import BertBatch
+from transformer_cli.data.translation import Batch
+from transformer_cli.models.params import bert_train_flops, count_model, shorthand_train_flops, translation_train_flops
+from transformer_cli.train.loop import Trainer
+from transformer_cli.translation.task import TranslationTask
 from transformer_cli.vocab.spm import BOS_ID, EOS_ID
 
 # bf16 dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s. A name matches the
@@ -41,7 +49,8 @@ FLOPS_FORMULA = {
         "training FLOPs per step = 6 x (parameters a token passes through in matmuls) x tokens "
         "+ 12 x layers x d_model x attended length per token (PaLM appendix B / Megatron-LM: "
         "forward 2 FLOPs per multiply-add, backward twice the forward; attention QK^T and AV, "
-        "causal masks not halved)"
+        "causal masks not halved); computed by transformer_cli.models.params (translation_train_flops, "
+        "bert_train_flops) from count-params' per-layer counts"
     ),
     "translation": (
         "6 x ((N_enc + N_kv) x source tokens + (N_dec - N_kv + V x d) x target tokens) + 12 x d x "
@@ -95,50 +104,6 @@ def matmul_tflops(
     return 2 * n**3 / times[len(times) // 2] / 1e12
 
 
-def transformer_layer_params(d: int, ffn: int, decoder: bool) -> int:
-    """Parameters of one encoder (decoder) layer, as tcli's count-params formula: attention, FFN, LayerNorms."""
-    if decoder:
-        return (8 * d * d + 8 * d) + (2 * d * ffn + ffn + d) + 6 * d
-    return (4 * d * d + 4 * d) + (2 * d * ffn + ffn + d) + 4 * d
-
-
-def translation_train_flops(
-    d: int,
-    ffn: int,
-    enc_layers: int,
-    dec_layers: int,
-    vocab: int,
-    src_tokens: int,
-    tgt_tokens: int,
-    src_len: int,
-    tgt_len: int,
-) -> dict[str, int]:
-    """Model FLOPs of one training step (forward + backward) of the encoder-decoder; see FLOPS_FORMULA."""
-    enc = enc_layers * transformer_layer_params(d, ffn, decoder=False)
-    dec = dec_layers * transformer_layer_params(d, ffn, decoder=True)
-    kv = dec_layers * (2 * d * d + 2 * d)  # cross-attention keys/values: projected from the encoder output
-    dense = 6 * ((enc + kv) * src_tokens + (dec - kv + vocab * d) * tgt_tokens)
-    attention = 12 * d * (enc_layers * src_len * src_tokens + dec_layers * (tgt_len + src_len) * tgt_tokens)
-    return {"dense": dense, "attention": attention, "total": dense + attention}
-
-
-def bert_train_flops(
-    d: int, ffn: int, layers: int, vocab: int, tokens: int, seq_len: int, masked: int, sequences: int
-) -> dict[str, int]:
-    """Model FLOPs of one BERT pretraining step (forward + backward); see FLOPS_FORMULA."""
-    layer = transformer_layer_params(d, ffn, decoder=False)
-    mlm_head = (d * d + d) + 2 * d + vocab * d + vocab  # dense, LayerNorm, tied decoder, bias
-    pooler_nsp = (d * d + d) + (2 * d + 2)
-    dense = 6 * (layers * layer * tokens + mlm_head * masked + pooler_nsp * sequences)
-    attention = 12 * layers * d * seq_len * tokens
-    return {"dense": dense, "attention": attention, "total": dense + attention}
-
-
-def simple_6nd_flops(params: int, tokens: int, layers: int, d: int, seq_len: int) -> int:
-    """The shorthand 6 N D + 12 L d T D, N = all parameters."""
-    return 6 * params * tokens + 12 * layers * d * seq_len * tokens
-
-
 def mfu(flops_per_step: float, step_seconds: float, peak_tflops: float | None) -> float | None:
     """Model FLOPs utilisation: achieved model FLOP/s over the peak (None without a peak)."""
     if not peak_tflops or step_seconds <= 0:
@@ -179,18 +144,18 @@ def _free(device: torch.device) -> None:
 
 
 def _timed_steps(
-    step: Callable[[], torch.Tensor], warmup: int, steps: int, device: torch.device, deadline: float | None
-) -> tuple[float, int, list[float]]:
+    step: Callable[[], Any], warmup: int, steps: int, device: torch.device, deadline: float | None
+) -> tuple[float, int, list[Any]]:
     """Run `warmup` untimed steps, then up to `steps` timed ones (fewer once time.perf_counter() passes
     `deadline`: a short measurement is worth more than a section killed at its limit).
 
-    Returns the seconds of the timed steps, how many ran, and the losses of the first and last step.
+    Returns the seconds of the timed steps, how many ran, and what the first and the last step returned.
     """
 
     def late() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
-    losses = [float(step())]
+    outputs = [step()]
     for _ in range(warmup - 1):
         if late():
             break
@@ -206,17 +171,45 @@ def _timed_steps(
     _sync(device)
     seconds = time.perf_counter() - t0
     if last is not None:
-        losses.append(float(last))
+        outputs.append(last)
+    return seconds, done, outputs
+
+
+class _Synthetic:
+    """A task's own `step_loss` on batches the caller makes: no corpus, vocabulary or validation data.
+
+    One batch an epoch: the schedule's length is train.max_steps (1 in a count-params preset), so the learning
+    rate follows the first updates of the preset's warmup, as a real run's first steps do.
+    """
+
+    def __init__(self, cfg: Any, model: torch.nn.Module):
+        self.cfg, self.model = cfg, model
+
+    def epoch_batches(self, epoch: int) -> list[None]:
+        return [None]
+
+
+class SyntheticTranslation(_Synthetic, TranslationTask):
+    """`TranslationTask.step_loss` (label-smoothed loss per target token) on synthetic batches."""
+
+
+class SyntheticBert(_Synthetic, BertTask):
+    """`BertTask.step_loss` (MLM per masked position + NSP per sequence) on synthetic batches."""
+
+
+def _measurement_trainer(task: SyntheticTranslation | SyntheticBert, cfg: Any, runtime: Any) -> Trainer:
+    """tcli's Trainer for `task`, without a run directory: it takes `update()`s and writes nothing."""
+    return Trainer(task, cfg.train, None, runtime, quiet=True)
+
+
+def _timed_updates(
+    trainer: Trainer, batch: Any, warmup: int, steps: int, device: torch.device, deadline: float | None
+) -> tuple[float, int, list[float]]:
+    """`_timed_steps` of `trainer.update([batch])`: seconds, steps timed, the loss (as the train events report
+    it) of the first and the last update."""
+    seconds, done, outputs = _timed_steps(lambda: trainer.update([batch]), warmup, steps, device, deadline)
+    losses = [trainer.task.summarize({k: float(v) for k, v in out.items()})["loss"] for out in outputs]
     return seconds, done, losses
-
-
-def _optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float) -> None:
-    """What `Trainer.train_step` does after backward (fp32 master weights, no grad scaler in bf16): tcli's own
-    `optimizer_step`."""
-    from transformer_cli.train.optim import optimizer_step
-
-    device = next(model.parameters()).device.type
-    optimizer_step(optimizer, torch.amp.GradScaler(device, enabled=False), clip_norm)
 
 
 def _fit_batch(
@@ -256,9 +249,7 @@ def _optional(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"{type(e).__name__}: {e}"[:500]}
 
 
-def profile_steps(
-    step: Callable[[], torch.Tensor], device: torch.device, steps: int = 3, top: int = 15
-) -> dict[str, Any]:
+def profile_steps(step: Callable[[], Any], device: torch.device, steps: int = 3, top: int = 15) -> dict[str, Any]:
     """torch.profiler over a few training steps: the operators with the most self time (GPU time on CUDA),
     per step, and the profiler's table, whose footer gives the total CPU and GPU self time."""
     from torch.profiler import ProfilerActivity, profile
@@ -354,51 +345,33 @@ def measure_translation(
     `budget_s` (from this call on, model building included) cuts the timed steps short rather than overrun.
     """
     from transformer_cli.models.builders import build_transformer
-    from transformer_cli.train.optim import build_optimizer
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     device = torch.device(device)
     cfg, runtime = _train_setup(preset, overrides or [], vocab, device, precision)
     torch.manual_seed(seed)
-    model = build_transformer(cfg.model, vocab, vocab).to(device).train()
-    optimizer = build_optimizer(model, cfg.train, device)
-    params = sum(p.numel() for p in dict.fromkeys(model.parameters()))
+    trainer = _measurement_trainer(SyntheticTranslation(cfg, build_transformer(cfg.model, vocab, vocab)), cfg, runtime)
+    params = count_model(trainer.model, "translation")["total"]
     m = cfg.model
 
     def run(rows: int) -> dict[str, Any]:
-        optimizer.zero_grad(set_to_none=True)  # after an out-of-memory attempt
-        g = torch.Generator().manual_seed(seed)
-        src = torch.randint(EOS_ID + 1, vocab, (rows, src_len), generator=g)
-        src[:, -1] = EOS_ID
-        tgt = torch.randint(EOS_ID + 1, vocab, (rows, tgt_len + 1), generator=g)
-        tgt[:, 0] = BOS_ID
-        src, tgt_in, labels = src.to(device), tgt[:, :-1].to(device), tgt[:, 1:].to(device)
-        n_tgt = labels.numel()
-
-        def step() -> torch.Tensor:
-            with runtime.context():
-                out = model(src, tgt_in, labels=labels, label_smoothing=cfg.train.label_smoothing)
-            objective = out.loss / n_tgt
-            objective.backward()
-            _optimizer_step(model, optimizer, cfg.train.clip_norm)
-            return objective.detach()
-
+        trainer.optimizer.zero_grad(set_to_none=True)  # after an out-of-memory attempt
+        synthetic = _translation_batch(rows, src_len, tgt_len, vocab, torch.Generator().manual_seed(seed)).to(device)
+        n_src, n_tgt = synthetic.src_tokens, synthetic.tokens
         _reset_memory(device)
-        seconds, done, losses = _timed_steps(step, warmup, steps, device, deadline)
-        flops = translation_train_flops(
-            m.d_model, m.ffn_dim, m.enc_layers, m.dec_layers, vocab, src.numel(), n_tgt, src_len, tgt_len
-        )
-        simple = simple_6nd_flops(params, n_tgt, m.enc_layers + m.dec_layers, m.d_model, src_len)
+        seconds, done, losses = _timed_updates(trainer, synthetic, warmup, steps, device, deadline)
+        flops = translation_train_flops(m, vocab, n_src, n_tgt, src_len, tgt_len)
+        simple = shorthand_train_flops(params, n_tgt, m.enc_layers + m.dec_layers, m.d_model, src_len)
         per_step = seconds / max(done, 1)
         return {
             "batch_sentences": rows,
-            "src_tokens_per_step": src.numel(),
+            "src_tokens_per_step": n_src,
             "tgt_tokens_per_step": n_tgt,
             "steps_timed": done,
             "steps_requested": steps,
             "step_ms": round(1000 * per_step, 2),
             "tgt_tokens_per_s": round(n_tgt / per_step, 1),
-            "src_plus_tgt_tokens_per_s": round((n_tgt + src.numel()) / per_step, 1),
+            "src_plus_tgt_tokens_per_s": round((n_tgt + n_src) / per_step, 1),
             "sequences_per_s": round(rows / per_step, 1),
             **_memory(device),
             "model_flops_per_step": flops,
@@ -425,7 +398,17 @@ def measure_translation(
     }
 
 
-def _bert_batch(rows: int, seq_len: int, masked: int, vocab: int, generator: torch.Generator):
+def _translation_batch(rows: int, src_len: int, tgt_len: int, vocab: int, generator: torch.Generator) -> Batch:
+    """Random source sentences of src_len tokens (EOS last) and targets of tgt_len, no padding."""
+    src = torch.randint(EOS_ID + 1, vocab, (rows, src_len), generator=generator)
+    src[:, -1] = EOS_ID
+    tgt = torch.randint(EOS_ID + 1, vocab, (rows, tgt_len + 1), generator=generator)
+    tgt[:, 0] = BOS_ID
+    tgt_in, labels = tgt[:, :-1], tgt[:, 1:]  # (B, T) each: the decoder's input, the next token at each position
+    return Batch(src, tgt_in, labels, tokens=labels.numel(), src_tokens=src.numel())
+
+
+def _bert_batch(rows: int, seq_len: int, masked: int, vocab: int, generator: torch.Generator) -> BertBatch:
     """[CLS] A [SEP] B [SEP] of random tokens, `masked` positions per row chosen among the non-special ones."""
     from transformer_cli.models.losses import IGNORE
 
@@ -442,7 +425,7 @@ def _bert_batch(rows: int, seq_len: int, masked: int, vocab: int, generator: tor
     labels.scatter_(1, positions, ids.gather(1, positions))
     ids.scatter_(1, positions, mask_id)
     nsp = torch.randint(0, 2, (rows,), generator=generator)
-    return ids, segments, labels, nsp
+    return BertBatch(ids, segments, labels, nsp, masked=rows * masked, real_tokens=ids.numel())
 
 
 def measure_bert_data(
@@ -501,36 +484,23 @@ def measure_bert(
     `budget_s` (from this call on, model building included) cuts the timed steps short rather than overrun.
     """
     from transformer_cli.models.builders import build_bert
-    from transformer_cli.train.optim import build_optimizer
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     device = torch.device(device)
     cfg, runtime = _train_setup(preset, [f"data.max_seq_len={seq_len}", *(overrides or [])], vocab, device, precision)
     torch.manual_seed(seed)
-    model = build_bert(cfg.model, vocab).to(device).train()
-    optimizer = build_optimizer(model, cfg.train, device)
-    params = sum(p.numel() for p in dict.fromkeys(model.parameters()))
+    trainer = _measurement_trainer(SyntheticBert(cfg, build_bert(cfg.model, vocab)), cfg, runtime)
+    params = count_model(trainer.model, "bert")["total"]
     m = cfg.model
 
     def run(rows: int) -> dict[str, Any]:
-        optimizer.zero_grad(set_to_none=True)  # after an out-of-memory attempt
-        tensors = _bert_batch(rows, seq_len, masked, vocab, torch.Generator().manual_seed(seed))
-        ids, segments, labels, nsp = (t.to(device) for t in tensors)
-        n_masked = rows * masked
-
-        def step() -> torch.Tensor:
-            with runtime.context():
-                out = model(ids, segments, labels, nsp)
-            objective = out.mlm_loss / n_masked + out.nsp_loss / rows
-            objective.backward()
-            _optimizer_step(model, optimizer, cfg.train.clip_norm)
-            return objective.detach()
-
+        trainer.optimizer.zero_grad(set_to_none=True)  # after an out-of-memory attempt
+        synthetic = _bert_batch(rows, seq_len, masked, vocab, torch.Generator().manual_seed(seed)).to(device)
+        tokens, n_masked = synthetic.input_ids.numel(), synthetic.masked
         _reset_memory(device)
-        seconds, done, losses = _timed_steps(step, warmup, steps, device, deadline)
-        tokens = ids.numel()
-        flops = bert_train_flops(m.d_model, m.ffn_dim, m.layers, vocab, tokens, seq_len, n_masked, rows)
-        simple = simple_6nd_flops(params, tokens, m.layers, m.d_model, seq_len)
+        seconds, done, losses = _timed_updates(trainer, synthetic, warmup, steps, device, deadline)
+        flops = bert_train_flops(m, vocab, tokens, seq_len, n_masked, rows)
+        simple = shorthand_train_flops(params, tokens, m.layers, m.d_model, seq_len)
         per_step = seconds / max(done, 1)
         result = {
             "batch_sequences": rows,
@@ -551,7 +521,7 @@ def measure_bert(
             "loss_finite": all(map(math.isfinite, losses)),
         }
         if profile:  # after the timing and the memory reading, which it would disturb
-            result["profile"] = _optional(lambda: profile_steps(step, device))
+            result["profile"] = _optional(lambda: profile_steps(lambda: trainer.update([synthetic]), device))
         return result
 
     result = _fit_batch(run, batch, device)
@@ -653,13 +623,13 @@ def resolve_peak(device: str | torch.device, matmul_n: int = 8192) -> tuple[floa
         table = table_peak_tflops(name)
         if table:
             return table, f"datasheet bf16 dense ({name}; table in scripts/gpu_measure.py)"
-    return round(matmul_tflops(device, n=matmul_n), 3), f"measured {matmul_n}^3 bf16 matmul"
+    return _round(matmul_tflops(device, n=matmul_n)), f"measured {matmul_n}^3 bf16 matmul"
 
 
 def measure_device(device: str | torch.device = "cuda", matmul_n: int = 8192) -> dict[str, Any]:
     """The GPU, its datasheet bf16 peak (if known) and a measured bf16 matmul; which peak MFU uses."""
     device = torch.device(device)
-    measured = round(matmul_tflops(device, n=matmul_n), 3)
+    measured = _round(matmul_tflops(device, n=matmul_n))
     if device.type != "cuda":
         return {
             "name": platform.processor() or "CPU",

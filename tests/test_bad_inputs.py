@@ -8,7 +8,7 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -203,7 +203,7 @@ def numeric_keys(schema: type) -> list[str]:
     keys = []
     for section, field in schema.model_fields.items():
         for name, sub in field.annotation.model_fields.items():
-            if sub.annotation in (int, float, int | None, float | None, tuple[float, float]):
+            if sub.annotation in (int, float, int | None, float | None, tuple[float, float], float | Literal["auto"]):
                 keys.append(f"{section}.{name}")
     return keys
 

@@ -16,11 +16,13 @@ INFERENCE = (
     "transformer_cli.translation.translate",
     "transformer_cli.translation.attention",
     "transformer_cli.bert.fill_mask",
+    "transformer_cli.bert.embed",
     "transformer_cli.finetune.predict",
     "transformer_cli.tools.evaluate",
     "transformer_cli.tools.plot",
     "transformer_cli.tools.count_params",
     "transformer_cli.export.hf",
+    "transformer_cli.export.hf_folder",
     "transformer_cli.export.average",
     "transformer_cli.export.ct2",
 )

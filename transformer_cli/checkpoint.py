@@ -19,6 +19,7 @@ from torch import nn
 
 from transformer_cli.config import SCHEMAS, build_config
 from transformer_cli.core.errors import UserError, finite_number, quote
+from transformer_cli.metrics.bleu import OLD_DEFAULT
 from transformer_cli.vocab.spm import Vocab, check_bert_vocab
 
 # ----------------------------------------------------------------------------- writing
@@ -159,12 +160,21 @@ def read_checkpoint(path: str | Path, kind: str | None = None) -> Checkpoint:
         raise UserError(f"{path} holds a {found} model, not a {kind} model; use it with {USED_BY[found]}")
     if not isinstance(state.get("config"), dict):
         raise UserError(f"{path} holds no run config; pass a file from <run>/checkpoints/")
-    cfg = build_config(SCHEMAS[found], state["config"], f"the config stored in {path}")
+    cfg = build_config(SCHEMAS[found], _as_trained(found, state["config"]), f"the config stored in {path}")
     # A fine-tuned model carries its tokenizer (sentencepiece or HF) in state["finetune"], read by .finetune.
     vocabs = _vocabs(state.get("vocab"), found, cfg, path) if found != "finetune" else ()
     if not all(isinstance(k, str) for k in state["model"]):
         raise UserError(f"{path}: the weights are not a state dict of named tensors")
     return Checkpoint(path, found, cfg, vocabs, state)
+
+
+def _as_trained(kind: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The stored config with the settings that keys added since resolve to as the run had them: a translation
+    checkpoint written before eval.bleu_tokenize scored BLEU with sacreBLEU's 13a, not with today's `auto`."""
+    section = config.get("eval", {})
+    if kind != "translation" or not isinstance(section, dict) or "bleu_tokenize" in section:
+        return config
+    return {**config, "eval": {**section, "bleu_tokenize": OLD_DEFAULT}}
 
 
 # What a resume reads besides the weights (Trainer._restore): every key must be there, with a value of its type.

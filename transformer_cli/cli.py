@@ -75,6 +75,14 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="run directory (defau
 ResumeOpt = Annotated[str | None, typer.Option("--resume", help="'auto': continue from <out>/checkpoints/last.pt")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar or log lines")]
+BleuTokenizeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--bleu-tokenize",
+        help="sacreBLEU tokenizer for BLEU: auto (by the checkpoint's data.tgt_lang), 13a, zh, char, ja-mecab, ... "
+        "(default: the checkpoint's eval.bleu_tokenize)",
+    ),
+]
 
 
 # What to make smaller when a command runs out of memory: the advice names its own options.
@@ -82,6 +90,7 @@ _MEMORY_ADVICE = {
     "translate": "lower --beam (and --nbest) or --max-tokens, or use another device",
     "evaluate": "lower --beam (translation) or give a smaller --input, or use another device",
     "fill_mask": "shorten the input lines, or use another device",
+    "embed": "shorten the input lines, or use another device",
 }
 _TRAINING_MEMORY_ADVICE = "use a smaller model, train.max_tokens / train.batch_size, or another device"
 
@@ -203,6 +212,17 @@ def _resume_flag(resume: str | None) -> bool:
     return True
 
 
+def _check_bleu_tokenize(value: str | None) -> None:
+    from transformer_cli.config import check_bleu_tokenize
+    from transformer_cli.core.errors import UserError
+
+    try:
+        if value is not None:
+            check_bleu_tokenize(value)
+    except ValueError as e:
+        raise UserError(f"--bleu-tokenize: {e}") from None
+
+
 def _run_dir(out: Path | None, config: Path) -> Path:
     return out if out is not None else Path("runs") / config.stem
 
@@ -276,6 +296,7 @@ def translate(
         int, typer.Option("--max-tokens", min=16, max=1 << 26, help="source tokens per batch")
     ] = 8000,
     reference: Annotated[Path | None, typer.Option("--reference", help="print sacreBLEU and chrF against it")] = None,
+    bleu_tokenize: BleuTokenizeOpt = None,
     device: DeviceOpt = "auto",
     precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "auto",
     stats_json: Annotated[
@@ -317,10 +338,15 @@ def translate(
         raise UserError("--alignment-layer and --alignment-unit shape --print-alignment's lines; add --print-alignment")
     if attention is None and attention_max != 10:
         raise UserError("--attention-max counts the lines --attention FOLDER draws; add --attention")
+    if bleu_tokenize is not None and reference is None:
+        raise UserError("--bleu-tokenize chooses how BLEU against --reference splits words; add --reference")
+    _check_bleu_tokenize(bleu_tokenize)
     opts = DecodeOptions(beam, lenpen, max_len_a, max_len_b, max_tokens, nbest)
     inspect = InspectOptions(attention, attention_max, print_alignment, alignment_layer, alignment_unit)
     output = None if is_standard(output) else output  # `-o -`: standard output, as `-i -` is standard input
-    run_translate(checkpoint, input, output, opts, reference, device, precision, quiet, stats_json, inspect)
+    run_translate(
+        checkpoint, input, output, opts, reference, device, precision, quiet, stats_json, inspect, bleu_tokenize
+    )
 
 
 @app.command("pretrain-bert", cls=OptionsOnce)
@@ -486,6 +512,52 @@ def fill_mask(
 
 @app.command(cls=OptionsOnce)
 @user_errors
+def embed(
+    checkpoint: Annotated[
+        Path,
+        typer.Option(
+            "--checkpoint", help="a BERT checkpoint (pretrain-bert), a fine-tuned one (its encoder), or an HF folder"
+        ),
+    ],
+    input: Annotated[Path | None, typer.Option("--input", "-i", help="one text per line (- or none: stdin)")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", metavar="FILE", help=".npz: vectors with their lines and pieces; .npy: vectors"),
+    ] = None,
+    level: Annotated[str, typer.Option("--level", help="piece | word (mean of its pieces) | sentence")] = "sentence",
+    pooling: Annotated[
+        str | None, typer.Option("--pooling", help="--level sentence: cls | mean (default mean)")
+    ] = None,
+    layer: Annotated[
+        int | None, typer.Option("--layer", help="0 = embeddings ... L = last block (default); negative from the end")
+    ] = None,
+    similarity: Annotated[
+        str | None, typer.Option("--similarity", help="print the cosine matrix of WORD's vectors across the lines")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", metavar="FILE", help="--similarity: draw the matrix as a heatmap (PNG)")
+    ] = None,
+    neighbours: Annotated[
+        int | None, typer.Option("--neighbours", min=1, help="print each line's K nearest lines (sentence vectors)")
+    ] = None,
+    device: DeviceOpt = "auto",
+    precision: Annotated[str, typer.Option("--precision", help="auto | fp32 | bf16 | fp16")] = "fp32",
+) -> None:
+    """Contextual vectors of text from a BERT: per piece, word or line, from any layer (.npz), a word's similarity
+    across lines, or each line's nearest lines."""
+    from transformer_cli.bert.embed import Options, run_embed
+    from transformer_cli.core.errors import UserError
+
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
+    if pooling is not None and level != "sentence":
+        raise UserError(f"--pooling makes one vector of a line: it goes with --level sentence, not --level {level}")
+    options = Options(level, pooling or "mean", layer)
+    run_embed(checkpoint, input, output, options, similarity, plot, neighbours, device, precision)
+
+
+@app.command(cls=OptionsOnce)
+@user_errors
 def evaluate(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a translation, BERT or fine-tuned checkpoint")],
     split: Annotated[
@@ -515,6 +587,7 @@ def evaluate(
     lenpen: Annotated[
         float | None, typer.Option("--lenpen", min=0.0, max=10.0, help="0..10; default: eval.lenpen")
     ] = None,
+    bleu_tokenize: BleuTokenizeOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
     device: DeviceOpt = "auto",
     precision: Annotated[
@@ -531,7 +604,8 @@ def evaluate(
         raise UserError(f"--precision {precision!r}: expected auto, fp32, bf16 or fp16")
     if data_dir is not None and split is None:
         raise UserError("--data-dir says where --split's files are; with --input it has nothing to do (leave it out)")
-    run_evaluate(checkpoint, split, input, reference, data_dir, beam, lenpen, device, precision, json_)
+    _check_bleu_tokenize(bleu_tokenize)
+    run_evaluate(checkpoint, split, input, reference, data_dir, beam, lenpen, device, precision, json_, bleu_tokenize)
 
 
 @app.command(cls=OptionsOnce)

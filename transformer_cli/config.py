@@ -197,10 +197,19 @@ class VocabConfig(Section):
     FILE_KEYS = ("model",)
 
     size: int = Field(8000, ge=16, le=1_000_000, description="target vocabulary size (an upper bound)")
-    type: Literal["unigram", "bpe"] = Field("unigram", description="sentencepiece model type")
+    type: Literal["unigram", "bpe", "char"] = Field(
+        "unigram", description="sentencepiece model type (char: every character a piece)"
+    )
     joint: StrictBool = Field(True, description="one vocabulary for source and target (needed to share embeddings)")
-    character_coverage: float = Field(
-        1.0, ge=0.98, le=1.0, description="share of characters covered (sentencepiece accepts 0.98 to 1)"
+    character_coverage: float | Literal["auto"] = Field(
+        "auto",
+        description="share of characters covered (sentencepiece accepts 0.98 to 1); auto: 0.9995 when a language "
+        "(data.src_lang/tgt_lang) is zh, ja or ko or the training text is mostly CJK, else 1.0",
+    )
+    split_cjk: StrictBool = Field(
+        False,
+        description="every CJK ideograph a token of its own, as in the Chinese BERTs (other scripts stay subwords); "
+        "for vocabularies tcli trains",
     )
     max_sentences: int = Field(
         1_000_000,
@@ -210,6 +219,13 @@ class VocabConfig(Section):
         "the vocabulary (sentencepiece needs about 17 bytes per character: under 1 GB)",
     )
     model: str | None = Field(None, description="an existing sentencepiece .model to use instead of training one")
+
+    @field_validator("character_coverage")
+    @classmethod
+    def _coverage(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0.98 <= value <= 1.0:
+            raise ValueError("sentencepiece accepts 0.98 to 1 (or auto)")
+        return value
 
 
 class TrainConfig(Section):
@@ -258,19 +274,34 @@ class TrainConfig(Section):
 
 
 class TranslationDataConfig(Section):
-    """Parallel text: `{split}.{lang}` files under `dir`, one sentence per line."""
+    """Parallel text under `dir`: a split is two files `{split}.{src_lang}` and `{split}.{tgt_lang}`, one sentence
+    per line (format: text), or one tab-separated file of pairs as Tatoeba/Anki exports and d2l's fra.txt are
+    (format: tsv: `source<TAB>target<TAB>attribution`)."""
 
     FILE_KEYS = ("train", "valid", "test")
 
     dir: str = Field("data/toy", description="folder with the parallel text files")
-    src_lang: str = Field("src", min_length=1, description="source file suffix, e.g. en")
-    tgt_lang: str = Field("tgt", min_length=1, description="target file suffix, e.g. de")
-    train: str = Field("train", min_length=1, description="training split name")
+    format: Literal["text", "tsv"] = Field(
+        "text",
+        description="text: a split is the files {split}.{src_lang} and {split}.{tgt_lang}; tsv: a split is one "
+        "file of tab-separated columns (data.train/valid/test name the files, e.g. train.tsv)",
+    )
+    src_column: int = Field(0, ge=0, le=1000, description="format tsv: the column (0-based) of the source sentence")
+    tgt_column: int = Field(1, ge=0, le=1000, description="format tsv: the column (0-based) of the target sentence")
+    src_lang: str = Field("src", min_length=1, description="source language code and file suffix, e.g. en")
+    tgt_lang: str = Field(
+        "tgt", min_length=1, description="target language code and file suffix, e.g. de (BLEU's tokenizer follows it)"
+    )
+    train: str = Field("train", min_length=1, description="training split name (format tsv: its file)")
     valid: str = Field(
-        "val", min_length=1, description="validation split name (not the training split, nor files holding its text)"
+        "val",
+        min_length=1,
+        description="validation split name (format tsv: its file; not the training split, nor files holding its text)",
     )
     test: str | None = Field(
-        "test", min_length=1, description="test split name, scored at the end of training (null: none)"
+        "test",
+        min_length=1,
+        description="test split name (format tsv: its file), scored at the end of training (null: none)",
     )
     max_len: int = Field(
         128, ge=1, le=MAX_POSITIONS, description="training pairs with a side longer than this (in pieces) are dropped"
@@ -307,6 +338,31 @@ class EvalConfig(Section):
     max_len_b: int = Field(10, ge=1, le=MAX_POSITIONS, description="see max_len_a")
     max_tokens: int = Field(8000, ge=16, le=MAX_BATCH_TOKENS, description="source tokens per decoding batch")
     bleu: StrictBool = Field(True, description="decode the validation set and score BLEU at each evaluation")
+    bleu_tokenize: str = Field(
+        "auto",
+        description="sacreBLEU's tokenizer for every BLEU of the run (validation, best.pt, test, translate, "
+        "evaluate): auto picks it from data.tgt_lang as sacreBLEU does (zh, zh-TW, cmn, yue: zh; ja: ja-mecab; "
+        "ko: ko-mecab; else 13a), or name one: 13a, intl, zh, char, ja-mecab, ko-mecab, none, flores101, "
+        "flores200, ... (a checkpoint from before this key scores with 13a)",
+    )
+
+    @field_validator("bleu_tokenize")
+    @classmethod
+    def _known_tokenizer(cls, value: str) -> str:
+        return check_bleu_tokenize(value)
+
+
+def check_bleu_tokenize(value: str) -> str:
+    """`value` if it is `auto` or a tokenizer the installed sacreBLEU offers (its own list), else a ValueError
+    listing them (pydantic reports it under the key; the CLI options turn it into a UserError)."""
+    from transformer_cli.metrics.bleu import AUTO, tokenizer_names
+
+    names = tokenizer_names()
+    if value != AUTO and value not in names:
+        raise ValueError(
+            f"unknown BLEU tokenizer {value[:40]!r}; expected auto or one of sacreBLEU's: {', '.join(names)}"
+        )
+    return value
 
 
 class TranslationTrainConfig(TrainConfig):
@@ -331,6 +387,10 @@ class TranslationRunConfig(Section):
                     f"data.train and data.{key} are both {d.train!r}: a run validates and tests on text it does "
                     f"not train on; name another split (or data.test: null for none)"
                 )
+        if d.format == "tsv" and d.src_column == d.tgt_column:
+            raise ValueError(f"data.src_column and data.tgt_column are both {d.src_column}: name two columns")
+        if d.format == "text" and (d.src_column, d.tgt_column) != (0, 1):
+            raise ValueError("data.src_column and data.tgt_column choose columns of data.format: tsv; add it")
         if m.d_model % m.heads:
             raise ValueError(f"model.d_model ({m.d_model}) must be divisible by model.heads ({m.heads})")
         if m.d_model % 2:
@@ -646,8 +706,8 @@ class FinetuneTaskConfig(Section):
 
     kind: Literal[tuple(TASK_KINDS)] = Field(  # type: ignore[valid-type]  (one module per kind: kinds/)
         "classification",
-        description="a label per text (or pair), one number per text, a tag per word, or an answer span in a "
-        "context (span: extractive QA, SQuAD)",
+        description="a label per text (or pair), one number per text, a tag per word, a set of labels per text "
+        "(multilabel), or an answer span in a context (span: extractive QA, SQuAD)",
     )
     glue: str | None = Field(
         None,
@@ -658,7 +718,7 @@ class FinetuneTaskConfig(Section):
         None,
         description="metrics of each evaluation, whose mean selects best.pt (null: the task's): accuracy, f1, "
         "mcc (classification); pearson, spearman (regression); entity_f1, entity_precision, entity_recall (tagging); "
-        "exact_match, f1 (span: SQuAD's, in percent)",
+        "macro_f1, micro_f1, subset_accuracy (multilabel); exact_match, f1 (span: SQuAD's, in percent)",
     )
     max_answer_len: int = Field(30, ge=1, le=MAX_POSITIONS, description="span: the longest answer, in pieces")
     n_best: int = Field(20, ge=1, le=1000, description="span: candidate answers kept per question")
@@ -669,6 +729,21 @@ class FinetuneTaskConfig(Section):
         description="span, SQuAD v2: answer nothing when the no-answer score ([CLS]'s start + end logit) beats the "
         "best span's by more than this",
     )
+    threshold: float | Literal["tune"] = Field(
+        0.5,
+        description="multilabel: a label is predicted when its sigmoid probability is above this (0 to 1), or tune: "
+        "at each evaluation the threshold (0.05 to 0.95) that scores best on the dev set, kept in the checkpoint",
+    )
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _threshold_inside(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (isinstance(value, str) and _numeric(value)):
+            return value  # (refused by Section's own check, as for every number key)
+        number = isinstance(value, (int, float))
+        if value != "tune" and not (number and 0.0 < value < 1.0):
+            raise PydanticCustomError("threshold", "a probability threshold between 0 and 1 (exclusive), or tune")
+        return value
 
 
 class FinetuneDataConfig(Section):
@@ -678,13 +753,23 @@ class FinetuneDataConfig(Section):
 
     dir: str = Field("data", description="folder with the training and validation files")
     format: Literal["auto", "tsv", "csv", "jsonl", "conll"] = Field(
-        "auto", description="file format (auto: from the file suffix; .txt and .conll are CoNLL)"
+        "auto",
+        description="file format (auto: from the file suffix; .conll is CoNLL, .txt is CoNLL for tagging and "
+        "TSV for the other kinds)",
     )
     train: str = Field("train.tsv", min_length=1, description="training file under dir")
     valid: str = Field("dev.tsv", min_length=1, description="validation file under dir")
+    columns: list[str] | None = Field(
+        None,
+        description="names of the columns of TSV/CSV files without a header line, in order, for text, pair and "
+        "label to name (CLUE's AFQMC: [sentence1, sentence2, label]); null: the first line is the header",
+    )
     text: str = Field("sentence", min_length=1, description="column of the text (the first of a pair)")
     pair: str | None = Field(None, description="column of the second text of a pair (null: single texts)")
     label: str = Field("label", min_length=1, description="column of the label (or the regression target)")
+    label_separator: str = Field(
+        ",", min_length=1, description='multilabel: what separates the labels of a TSV/CSV field ("4,27")'
+    )
     max_seq_len: int = Field(
         128, ge=8, le=MAX_POSITIONS, description="pieces per example, [CLS] and [SEP]s included; longer are cut"
     )
@@ -778,7 +863,7 @@ class FinetuneRunConfig(Section):
             raise ValueError("vocab.joint is for translation (one vocabulary for both languages); remove it here")
         d, defaults = self.data, FinetuneDataConfig()
         if self.task.glue is not None:
-            fixed = ("format", "train", "valid", "text", "pair", "label")
+            fixed = ("format", "train", "valid", "columns", "text", "pair", "label")
             key = next((k for k in fixed if getattr(d, k) != getattr(defaults, k)), None)
             if key is not None:
                 raise ValueError(
@@ -788,7 +873,8 @@ class FinetuneRunConfig(Section):
         elif TASK_KINDS[self.task.kind].reads == "squad":
             _check_span(self)
         elif TASK_KINDS[self.task.kind].reads == "conll":
-            key = next((k for k in ("text", "pair", "label") if getattr(d, k) != getattr(defaults, k)), None)
+            names = ("columns", "text", "pair", "label")
+            key = next((k for k in names if getattr(d, k) != getattr(defaults, k)), None)
             if key is not None:
                 raise ValueError(
                     f"data.{key} names a table column, but {self.task.kind} reads CoNLL files (a word and its tag "
@@ -802,6 +888,10 @@ class FinetuneRunConfig(Section):
                     raise ValueError(
                         f"data.{key} and data.{other} both name the column {column!r}; each role needs its own column"
                     )
+            if d.columns is not None:
+                _check_columns(d.columns, columns)
+        if self.task.threshold != 0.5 and not TASK_KINDS[self.task.kind].thresholded:
+            raise ValueError(f"task.threshold is for multilabel tasks, and task.kind is {self.task.kind}; remove it")
         if self.task.kind != "span":
             task_defaults = FinetuneTaskConfig()
             changed = [f"task.{k}" for k in _SPAN_TASK_KEYS if getattr(self.task, k) != getattr(task_defaults, k)]
@@ -820,12 +910,27 @@ def _check_span(cfg: FinetuneRunConfig) -> None:
     max_seq_len leaves after the question, is checked as its data is read: kinds/span.check_span_sizes, so that
     `task.kind: span` alone loads, with max_seq_len's default of 128 for every kind.)"""
     d, defaults = cfg.data, FinetuneDataConfig()
-    key = next((k for k in ("format", "text", "pair", "label") if getattr(d, k) != getattr(defaults, k)), None)
+    tables = ("format", "columns", "text", "pair", "label")
+    key = next((k for k in tables if getattr(d, k) != getattr(defaults, k)), None)
     if key is not None:
         raise ValueError(
             f"data.{key} is for tables, but span reads SQuAD files (.json as published, or .jsonl lines of "
             '{"id", "question", "context", "answers"}); remove it'
         )
+
+
+def _check_columns(names: list[str], roles: list[tuple[str, str | None]]) -> None:
+    """data.columns: distinct names, among them those that data.text, data.pair and data.label name."""
+    if not names or any(not n.strip() or n != n.strip() for n in names):
+        raise ValueError(f"data.columns {names!r}: give each column of the files a name (no blanks, no spaces around)")
+    repeated = next((n for n in names if names.count(n) > 1), None)
+    if repeated is not None:
+        raise ValueError(f"data.columns names the column {repeated!r} twice; rename one")
+    for key, column in roles:
+        if column is not None and column not in names:
+            raise ValueError(
+                f"data.{key} is {column!r}, which is not one of data.columns ({', '.join(names)}); name one of them"
+            )
 
 
 def _first_changed(section: Section, defaults: Section) -> str:
@@ -861,7 +966,11 @@ def config_kind(raw: dict[str, Any]) -> str:
         value = raw.get(section)
         return set(value) if isinstance(value, dict) else set()
 
-    bert = "layers" in keys("model") or {"format", "max_seq_len"} & keys("data") or "batch_size" in keys("train")
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    # data.format is a key of both; translation's takes `tsv` (or comes with its language keys), BERT's wikitext
+    translation_format = data.get("format") == "tsv" or {"src_lang", "tgt_lang", "src_column", "tgt_column"} & set(data)
+    bert_data = "max_seq_len" in data or ("format" in data and not translation_format)
+    bert = "layers" in keys("model") or bert_data or "batch_size" in keys("train")
     return "bert" if bert else "translation"
 
 

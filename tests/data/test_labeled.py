@@ -409,3 +409,94 @@ def test_a_headerless_glue_task_s_own_file_is_read_by_its_model(tmp_path):
         assert [(e.text, e.label) for e in unlabelled] == [("Good one.", None), ("Bad one .", None)], path
     sst2 = GLUE_TASKS["sst2"]  # a task whose files have a header: the named columns, as before
     refused(read_task_table, own, sst2, "sentence", None, "label", "classification", match="no column")
+
+
+# --- tables without a header (CLUE's) -------------------------------------------------------------------------
+
+
+def test_columns_name_a_headerless_table_and_a_txt_file_is_tsv(tmp_path):
+    """CLUE's AFQMC: train.txt, `sentence1<TAB>sentence2<TAB>label`, no header; every line is an example."""
+    rows = "蚂蚁借呗等额还款可以换成先息后本吗\t借呗有先息到期还本吗\t0\n"
+    rows += "花呗支持高铁票支付吗\t为什么友付宝不支持花呗付款\t1\n"
+    columns = ["sentence1", "sentence2", "label"]
+    for name in ("train.txt", "train.tsv"):
+        got = read_table(write(tmp_path / name, rows), "sentence1", "sentence2", "label", "classification", columns)
+        assert [(e.text, e.pair, e.label, e.line) for e in got] == [
+            ("蚂蚁借呗等额还款可以换成先息后本吗", "借呗有先息到期还本吗", "0", 1),
+            ("花呗支持高铁票支付吗", "为什么友付宝不支持花呗付款", "1", 2),
+        ]
+    csv_rows = '"新闻，标题",news_tech\n体育新闻,news_sports\n'
+    got = read_table(write(tmp_path / "t.csv", csv_rows), "s", None, "l", "classification", ["s", "l"])
+    assert [(e.text, e.label) for e in got] == [("新闻，标题", "news_tech"), ("体育新闻", "news_sports")]
+    headed = write(tmp_path / "h.txt", "s\tl\n标题\tnews_car\n")  # a .txt table with a header, by data.format
+    got = read_table(headed, "s", None, "l", "classification", None, "tsv")
+    assert [(e.text, e.label, e.line) for e in got] == [("标题", "news_car", 2)]
+
+
+def test_a_headerless_row_of_another_width_and_a_header_line_are_one_line(tmp_path):
+    columns = ["sentence1", "sentence2", "label"]
+    path = write(tmp_path / "dev.txt", "一\t二\t0\n只有一句\t1\n")
+    message = refused(read_table, path, "sentence1", "sentence2", "label", "classification", columns, match="2 fields")
+    assert message.startswith(f"{path}:2: 2 fields but the columns given are 3 (sentence1, sentence2, label)")
+    path = write(tmp_path / "train.txt", "sentence1\tsentence2\tlabel\n一\t二\t0\n")
+    message = refused(read_table, path, "sentence1", "sentence2", "label", "classification", columns, match="header")
+    assert message.startswith(f"{path}:1: this line is a header") and "remove data.columns" in message
+
+
+def test_a_model_of_headerless_files_reads_them_and_a_file_with_a_header(tmp_path):
+    """tcli predict / evaluate: the model's columns for a file like its training files, the header where there
+    is one (ChnSentiCorp's dev.tsv carries a qid column its train.tsv lacks)."""
+    from transformer_cli.data.labeled import read_task_table
+
+    columns = ["sentence", "label_desc"]
+    plain = write(tmp_path / "dev.tsv", "江疏影甜甜圈自拍\tnews_entertainment\n出栏一头猪亏损300元\tnews_finance\n")
+    headed = write(tmp_path / "more.tsv", "id\tsentence\n7\t以色列大规模空袭开始！\n")
+    got = read_task_table(plain, None, "sentence", None, "label_desc", "classification", columns)
+    want = [("江疏影甜甜圈自拍", "news_entertainment"), ("出栏一头猪亏损300元", "news_finance")]
+    assert [(e.text, e.label) for e in got] == want
+    got = read_task_table(headed, None, "sentence", None, None, "classification", columns)
+    assert [(e.text, e.label, e.line) for e in got] == [("以色列大规模空袭开始！", None, 2)]
+
+
+def test_config_columns_must_hold_the_roles(tmp_path):
+    from pydantic import ValidationError
+
+    from transformer_cli.config import FinetuneRunConfig, load_config
+
+    ok = ["data.columns=[sentence1,sentence2,label]", "data.text=sentence1", "data.pair=sentence2"]
+    assert load_config(FinetuneRunConfig, None, ok).data.columns == ["sentence1", "sentence2", "label"]
+    for sets, match in (
+        (["data.columns=[a,b]"], "data.text is 'sentence', which is not one of data.columns"),
+        (["data.columns=[sentence,label,label]"], "names the column 'label' twice"),
+        (["data.columns=[sentence,label]", "task.glue=SST-2"], "data.columns is set but task.glue"),
+        (["data.columns=[w,t]", "task.kind=tagging"], "data.columns names a table column"),
+    ):
+        with pytest.raises((ValidationError, UserError, ValueError), match=match):
+            load_config(FinetuneRunConfig, None, sets)
+
+
+CLUE = SHARED_DATA / "zh-clf"
+
+
+@pytest.mark.skipif(not CLUE.is_dir(), reason=f"../shared/data/zh-clf not present at {CLUE}")
+@pytest.mark.parametrize(
+    "config, folder, overrides, counts, labels",
+    [
+        ("finetune_chnsenticorp", "ChnSentiCorp", [], (9600, 1200), ("0", "1")),
+        ("finetune_tnews", "TNEWS", [], (53360, 10000), 15),
+        ("finetune_tnews", "TNEWS", ["data.valid=dev.json"], (53360, 10000), 15),  # CLUE's own JSON lines
+        ("finetune_afqmc", "AFQMC", [], (34334, 4316), ("0", "1")),
+        ("finetune_afqmc", "LCQMC", ["data.train=dev.txt"], (8802, 8802), ("0", "1")),
+        ("finetune_afqmc", "CMNLI", ["data.train=dev.txt"], (12241, 12241), ("contradiction", "entailment", "neutral")),
+    ],
+)
+def test_shipped_chinese_configs_read_the_real_files(config, folder, overrides, counts, labels):
+    from transformer_cli.config import FinetuneRunConfig, load_config
+    from transformer_cli.finetune.setup import read_labelled
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(FinetuneRunConfig, root / "configs" / f"{config}.yaml", [f"data.dir={CLUE / folder}", *overrides])
+    data = read_labelled(cfg)
+    assert (len(data.train), len(data.valid)) == counts
+    assert data.labels == labels if isinstance(labels, tuple) else len(data.labels) == labels
+    assert all(ex.text and (ex.pair is not None) == (cfg.data.pair is not None) for ex in data.train)

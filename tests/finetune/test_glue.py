@@ -262,11 +262,11 @@ def test_out_holding_anything_but_a_glue_run_is_refused_and_left_as_it_was(tmp_p
     assert result.exit_code == 0, result.output
 
 
-def test_readme_recipe_table_is_the_code():
+def test_the_guides_recipe_table_is_the_code():
     from transformer_cli.data.labeled import GLUE_TASKS
     from transformer_cli.finetune.glue import EPOCHS
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "finetuning.md").read_text()
     header = next(line for line in readme.splitlines() if line.strip().startswith("| task | CoLA |"))
     epochs = next(line for line in readme.splitlines() if line.strip().startswith("| epochs |"))
     folders = [c.strip() for c in header.split("|")[2:-1]]

@@ -195,3 +195,25 @@ def test_a_tagging_score_is_the_entity_f1_and_a_two_metric_task_the_mean():
     tagged = {"entity_f1": 0.5, "entity_precision": 0.25, "entity_recall": 1.0}
     assert tm.main_value(tagged, ["entity_f1", "entity_precision", "entity_recall"]) == 0.5
     assert tm.main_value({"f1": 0.8, "accuracy": 0.6}, ["f1", "accuracy"]) == pytest.approx(0.7)
+
+
+def test_multilabel_metrics_match_sklearn_on_indicator_matrices():
+    skm = pytest.importorskip("sklearn.metrics")
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        n, k = int(rng.integers(1, 40)), int(rng.integers(2, 6))  # (one column: sklearn reads binary)
+        gold = (rng.random((n, k)) < rng.random()).astype(int)
+        pred = np.where(rng.random((n, k)) < 0.7, gold, 1 - gold)
+        got = tm.compute(["macro_f1", "micro_f1", "subset_accuracy"], pred.tolist(), gold.tolist(), "abcdef"[:k])
+        assert got["micro_f1"] == pytest.approx(skm.f1_score(gold, pred, average="micro", zero_division=0))
+        assert got["macro_f1"] == pytest.approx(skm.f1_score(gold, pred, average="macro", zero_division=0))
+        assert got["subset_accuracy"] == pytest.approx(skm.accuracy_score(gold, pred))
+        per_label = skm.f1_score(gold, pred, average=None, zero_division=0)
+        assert [got[f"f1_{c}"] for c in "abcdef"[:k]] == pytest.approx(per_label.tolist())
+
+
+def test_multilabel_hand_worked_case():
+    # label 0: tp 1 fp 1 (F1 2/3); label 1: fn 1 (F1 0); label 2: never gold nor predicted (F1 0, counted)
+    got = tm.multilabel_scores([[1, 0, 0], [1, 0, 0]], [[1, 1, 0], [0, 0, 0]])
+    assert got["micro_f1"] == pytest.approx(2 / (2 + 1 + 1)) and got["macro_f1"] == pytest.approx((2 / 3) / 3)
+    assert got["subset_accuracy"] == 0.0 and got["f1_2"] == 0.0

@@ -54,9 +54,9 @@ EPYC = "flags : fpu avx2 avx512f avx512_bf16"
 @pytest.mark.parametrize("flags", [AMX, EPYC, ""])
 @pytest.mark.parametrize("args", [["pretrain-bert", "--config", "train"], ["finetune"], ["glue"], ["--help"], []])
 def test_bert_training_runs_under_mimalloc_on_cpus_with_amx_only(installed, monkeypatch, flags, args):
-    """BERT pretraining trains 17% faster under mimalloc on a Xeon with AMX, 5% slower on an AVX-512 BF16 EPYC
-    (BENCHMARKS.md, "Memory"); translation training is faster under it on both, and what does not train keeps
-    the C library's malloc."""
+    """BERT pretraining trains faster under mimalloc on a Xeon with AMX, slower on an AVX-512 BF16 EPYC
+    (measured: docs/benchmarks/speed.md, "Memory"); translation training is faster under it on both, and what
+    does not train keeps the C library's malloc."""
     monkeypatch.setattr(cpu, "flags", lambda: flags)
     started = malloc.start_with_mimalloc(args, {})
     assert (started is not None) == (flags == AMX and args[:1] in (["pretrain-bert"], ["finetune"], ["glue"]))

@@ -1,5 +1,5 @@
-"""scripts/gpu_check.py on a CPU machine: the JSON with skipped GPU sections, the FLOPs/MFU arithmetic
-against count-params, and a tiny CPU run of each measurement (the code path a GPU run takes)."""
+"""scripts/gpu_check.py on a CPU machine: the JSON with skipped GPU sections, the MFU arithmetic, and a tiny CPU
+run of each measurement (the code path a GPU run takes: the trainer's own update on synthetic batches)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_cli.models.params import bert_train_flops
 from transformer_cli.tools.count_params import count_config, preset_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,41 +95,11 @@ def test_a_failing_section_records_its_error(tmp_path, monkeypatch):
     assert result["status"] == "error" and "illegal memory access" in result["error"] and result["traceback"]
 
 
-def test_flops_match_count_params():
-    """With every position charged for every head, the dense FLOPs are 6 x (count-params total minus the
-    embedding lookups) x tokens; translation with equal source and target tokens: 6 x total x tokens."""
-    n = 1000
-    bert = count_config(preset_config("bert-base"))
-    assert bert["total"] == 110_106_428
-    H, L, V, F, P = 768, 12, 30522, 3072, 512
-    flops = gpu_measure.bert_train_flops(H, F, L, V, tokens=n, seq_len=128, masked=n, sequences=n)
-    lookups = (P + 2) * H + 2 * H  # position and segment tables, embedding LayerNorm (the token table is the decoder)
-    assert flops["dense"] == 6 * (bert["total"] - lookups) * n
-    assert flops["attention"] == 12 * L * H * 128 * n
-
-    nmt = count_config(preset_config("transformer-base", ["vocab.size=32000"]))
-    flops = gpu_measure.translation_train_flops(512, 2048, 6, 6, 32000, n, n, 48, 40)
-    assert flops["dense"] == 6 * nmt["total"] * n
-    assert flops["attention"] == 12 * 512 * (6 * 48 * n + 6 * (40 + 48) * n)
-    longer_source = gpu_measure.translation_train_flops(512, 2048, 6, 6, 32000, 2 * n, n, 48, 40)["dense"]
-    kv = 6 * (2 * 512**2 + 2 * 512)  # cross-attention key/value projections work on the source side
-    encoder = 6 * (12 * 512**2 + 13 * 512)
-    assert longer_source - flops["dense"] == 6 * (encoder + kv) * n
-
-
-def test_bert_base_step_flops_and_mfu_by_hand():
-    """BERT-base, 256 x 128 tokens, 20 masked per sequence: the numbers behind an MFU figure."""
-    tokens, masked, rows = 256 * 128, 256 * 20, 256
-    flops = gpu_measure.bert_train_flops(768, 3072, 12, 30522, tokens, 128, masked, rows)
-    layer = 12 * 768**2 + 13 * 768  # F = 4H
-    head = 768**2 + 3 * 768 + 30522 * 768 + 30522
-    pooler_nsp = 768**2 + 768 + 2 * 768 + 2
-    assert flops["dense"] == 6 * (12 * layer * tokens + head * masked + pooler_nsp * rows)
-    assert flops["total"] == pytest.approx(1.79e13, rel=1e-2)  # 17.9 TFLOP per step
-    assert gpu_measure.mfu(flops["total"], 0.01, 989.0) == pytest.approx(flops["total"] / 0.01 / 989e12)
-    assert gpu_measure.mfu(flops["total"], 0.01, None) is None
-    shorthand = gpu_measure.simple_6nd_flops(110_106_428, tokens, 12, 768, 128)
-    assert shorthand > flops["total"]  # the vocabulary projection charged at every position
+def test_mfu():
+    """Model FLOPs (transformer_cli.models.params, tested in tests/models/test_flops.py) over time over the peak."""
+    flops = 1.79e13
+    assert gpu_measure.mfu(flops, 0.01, 989.0) == pytest.approx(flops / 0.01 / 989e12)
+    assert gpu_measure.mfu(flops, 0.01, None) is None
 
 
 def test_peak_table():
@@ -169,6 +140,10 @@ def test_tiny_training_and_decoding_on_cpu(one_thread):
     assert bert["steps_timed"] == 2 and bert["batches_tried"] == [4] and bert["loss_finite"]
     assert bert["tokens_per_s"] == pytest.approx(16 * bert["sequences_per_s"], rel=1e-2)
     assert bert["mfu"] > 0 and bert["precision"] == "bf16" and bert["peak_memory_allocated_gib"] is None
+    tiny_bert = preset_config("bert-base", [*gpu_check.TINY_BERT, "vocab.size=256"])
+    assert bert["parameters"] == count_config(tiny_bert)["total"]
+    assert bert["model_flops_per_step"] == bert_train_flops(tiny_bert.model, 256, 4 * 16, 16, 4 * 3, 4)
+    assert len(bert["loss_first_last"]) == 2
     nmt = gpu_measure.measure_translation(
         "cpu",
         vocab=256,
@@ -286,13 +261,13 @@ def test_report_is_strict_json_even_with_a_diverged_loss(tmp_path):
 def test_timed_steps_stop_at_the_deadline():
     calls = []
 
-    def step() -> torch.Tensor:
+    def step() -> int:
         calls.append(1)
-        return torch.tensor(1.0)
+        return len(calls)
 
     cpu = torch.device("cpu")
-    _, done, losses = gpu_measure._timed_steps(step, warmup=5, steps=20, device=cpu, deadline=0.0)  # long past
-    assert (done, len(calls), losses) == (1, 2, [1.0, 1.0])  # one warm-up step, one timed step
+    _, done, outputs = gpu_measure._timed_steps(step, warmup=5, steps=20, device=cpu, deadline=0.0)  # long past
+    assert (done, len(calls), outputs) == (1, 2, [1, 2])  # one warm-up step, one timed step: first and last
     calls.clear()
     _, done, _ = gpu_measure._timed_steps(step, warmup=2, steps=3, device=cpu, deadline=None)
     assert (done, len(calls)) == (3, 5)

@@ -14,19 +14,25 @@ from typing import TYPE_CHECKING, Any
 from transformer_cli.config import BertRunConfig, FinetuneRunConfig
 from transformer_cli.core.console import say
 from transformer_cli.core.errors import UserError
+from transformer_cli.core.sentences import heading_level, split_sentences
 from transformer_cli.core.text import (
     LineIndex,
     check_document_counts,
     fingerprint,
-    heading_level,
     index_lines,
-    split_sentences,
     stream_lines,
 )
 from transformer_cli.data.shards import BLOCK_LINES, Manifest, lines_of, preprocess_documents, reservoir
 from transformer_cli.train.lifecycle import run_training
 from transformer_cli.train.task_setup import SetupBase, vocab_settings
-from transformer_cli.vocab.spm import Vocab, check_bert_vocab, load_model_file, train_vocab
+from transformer_cli.vocab.spm import (
+    Vocab,
+    check_bert_vocab,
+    head_lines,
+    load_model_file,
+    resolve_coverage,
+    train_vocab,
+)
 
 if TYPE_CHECKING:
     from transformer_cli.bert.task import BertTask
@@ -35,16 +41,22 @@ if TYPE_CHECKING:
 
 
 def train_bert_vocab(
-    sentences: list[str], cfg: BertRunConfig | FinetuneRunConfig, source: str = "the training text"
+    sentences: list[str],
+    cfg: BertRunConfig | FinetuneRunConfig,
+    source: str = "the training text",
+    coverage: float | None = None,
 ) -> Vocab:
     """A BERT vocabulary ([PAD] [UNK] [CLS] [SEP] [MASK], no BOS/EOS) of `cfg.vocab` from `sentences`: pretraining's,
-    and fine-tuning's from scratch (`model.init: none`)."""
+    and fine-tuning's from scratch (`model.init: none`). `coverage`: vocab.character_coverage resolved (by default
+    auto is resolved from the first sentences)."""
     v = cfg.vocab
+    if coverage is None:
+        coverage = resolve_coverage(v.character_coverage, [], sentences[:10_000])
     return train_vocab(
         sentences,
         v.size,
         v.type,
-        v.character_coverage,
+        coverage,
         v.max_sentences,
         cfg.train.seed,
         pad_piece="[PAD]",
@@ -52,6 +64,7 @@ def train_bert_vocab(
         control_symbols=("[CLS]", "[SEP]", "[MASK]"),
         bos_eos=False,
         source=source,
+        split_cjk=v.split_cjk,
     )
 
 
@@ -69,6 +82,7 @@ class BertSetup(SetupBase):
         self._fingerprint: str | None = None
         self.given_vocab: Vocab | None = None  # vocab.model, read by read_data
         self._indexes: dict[str, LineIndex] = {}  # the text files' blocks, found by read_data
+        self._coverage: float | None = None
 
     def split_names(self) -> list[str]:
         return list(self.paths)  # train, valid
@@ -124,9 +138,21 @@ class BertSetup(SetupBase):
         return ["bert"]
 
     def vocab_settings(self) -> dict[str, Any]:
-        settings = vocab_settings(self.kind, self.cfg.vocab, self.cfg.train.seed, self.data_fingerprint())
+        v, seed = self.cfg.vocab, self.cfg.train.seed
+        settings = vocab_settings(self.kind, v, seed, self.data_fingerprint(), self.coverage())
         settings["from_hf"] = hashlib.sha256(self.hf_vocab.model_bytes).hexdigest() if self.hf_vocab else None
         return settings
+
+    def coverage(self) -> float:
+        """vocab.character_coverage, auto resolved from the training text (a preprocessed folder's: the value it was
+        made with)."""
+        if self._coverage is None:
+            v, manifest = self.cfg.vocab, self.preprocessed()
+            if v.character_coverage == "auto" and manifest is not None:
+                self._coverage = manifest.data["vocab_settings"]["vocab"].get("character_coverage", 1.0)
+            else:
+                self._coverage = resolve_coverage(v.character_coverage, [], head_lines([self.paths["train"]]))
+        return self._coverage
 
     def train_vocabs(self, quiet: bool) -> list[Vocab]:
         manifest, v = self.preprocessed(), self.cfg.vocab
@@ -145,7 +171,7 @@ class BertSetup(SetupBase):
             sample = reservoir(
                 document_sentences(self.paths["train"], self.cfg.data), v.max_sentences, self.cfg.train.seed
             )
-            return [train_bert_vocab(sample, self.cfg, source=str(self.paths["train"]))]
+            return [train_bert_vocab(sample, self.cfg, source=str(self.paths["train"]), coverage=self.coverage())]
         if manifest is not None:
             source = f"the preprocessed folder {manifest.folder} (data.preprocessed)"
         elif self.hf_vocab is not None:

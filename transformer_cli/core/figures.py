@@ -6,15 +6,55 @@ without pyplot, so nothing global (backend, open figures) is touched.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+import os
+import sys
+import unicodedata
+import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from transformer_cli.core.cjk import has_cjk
 from transformer_cli.core.errors import UserError
 
 HEATMAP_MAX_PIECES = 100  # pieces drawn per axis of a heatmap: about 1,500 pixels a side at its smallest cells
+
+FONT_ENV = "TCLI_FONT"  # the path of a font file that draws every text of the figures
+LATIN_FONT = "DejaVu Sans"  # matplotlib's own font, always there
+# Fonts with CJK glyphs, the first one installed is taken: Noto / Source Han (Linux, fonts-noto-cjk), WenQuanYi
+# (fonts-wqy-zenhei, fonts-wqy-microhei), Droid and AR PL (older Linux), then those of macOS and Windows.
+CJK_FONTS = (
+    "Noto Sans CJK SC",
+    "Noto Sans CJK JP",
+    "Noto Sans CJK TC",
+    "Noto Sans CJK KR",
+    "Noto Sans SC",
+    "Source Han Sans SC",
+    "Source Han Sans CN",
+    "WenQuanYi Zen Hei",
+    "WenQuanYi Micro Hei",
+    "Droid Sans Fallback",
+    "AR PL UMing CN",
+    "AR PL UKai CN",
+    "PingFang SC",
+    "Hiragino Sans GB",
+    "Heiti SC",
+    "Microsoft YaHei",
+    "SimHei",
+    "Arial Unicode MS",
+)
+NO_CJK_FONT = (
+    "note: the figure holds Chinese, Japanese or Korean text but no installed font has those characters (they are "
+    "drawn as boxes): install one (apt-get install fonts-noto-cjk, or fonts-wqy-zenhei) or set TCLI_FONT=PATH to a "
+    "font file"
+)
+_said_no_font = False  # the note is printed once per process, however many figures are drawn
+_cjk_font: list[str | None] = []  # the CJK font found (None: none), looked up once per process
 
 
 def printable(text: str) -> str:
@@ -33,6 +73,78 @@ def require_matplotlib() -> Any:
             "(or pip install matplotlib)"
         ) from None
     return matplotlib.figure
+
+
+def cjk_font() -> str | None:
+    """The family name of an installed font with CJK glyphs (one of CJK_FONTS), or None. Fonts installed after
+    matplotlib built its font cache are not in it: when the cache has none, the system's font files it lacks are
+    read too."""
+    if not _cjk_font:
+        from matplotlib import font_manager
+
+        found = _first_cjk(font_manager.fontManager.ttflist)
+        if found is None:
+            known = {f.fname for f in font_manager.fontManager.ttflist}
+            for path in font_manager.findSystemFonts():
+                if path not in known:
+                    with contextlib.suppress(Exception):  # a font file FreeType cannot read is skipped
+                        font_manager.fontManager.addfont(path)
+            found = _first_cjk(font_manager.fontManager.ttflist)
+        _cjk_font.append(found)
+    return _cjk_font[0]
+
+
+def _first_cjk(fonts: Iterable[Any]) -> str | None:
+    names = {f.name for f in fonts}
+    return next((name for name in CJK_FONTS if name in names), None)
+
+
+def font_families(texts: Iterable[str]) -> list[str] | None:
+    """rcParams["font.family"] for a figure that shows `texts`: the TCLI_FONT file's font (then matplotlib's for
+    what it lacks); for CJK text, matplotlib's font then an installed CJK font (matplotlib falls back glyph by
+    glyph along the list); None: matplotlib's default. With CJK text and no CJK font, a one-line note says how to
+    get one (once per process)."""
+    global _said_no_font
+    forced = os.environ.get(FONT_ENV)
+    if forced:
+        from matplotlib import font_manager
+
+        if not Path(forced).is_file():
+            raise UserError(f"{FONT_ENV}={forced}: no such font file; give the path of a .ttf, .otf or .ttc file")
+        try:
+            font_manager.fontManager.addfont(forced)
+            name = font_manager.FontProperties(fname=forced).get_name()
+        except Exception as e:
+            raise UserError(f"{FONT_ENV}={forced}: not a font file matplotlib can read ({e})") from None
+        return [name, LATIN_FONT]
+    if not any(has_cjk(text) for text in texts):
+        return None
+    found = cjk_font()
+    if found is None:
+        if not _said_no_font:
+            print(NO_CJK_FONT, file=sys.stderr, flush=True)
+            _said_no_font = True
+        return None
+    return [LATIN_FONT, found]
+
+
+@contextlib.contextmanager
+def text_fonts(texts: Iterable[str]) -> Iterator[None]:
+    """Draw (create and save) a figure that shows `texts` in here: with the fonts of `font_families`, and without
+    matplotlib's warning for every glyph a font lacks (the one-line note has said what to do)."""
+    import matplotlib
+
+    families = font_families(texts)
+    # a CJK font of one weight (WenQuanYi's is 500) is logged at every text asking for another ("normal")
+    log = logging.getLogger("matplotlib.font_manager")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with matplotlib.rc_context({"font.family": families} if families else {}), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from")
+            yield
+    finally:
+        log.setLevel(level)
 
 
 def image_format(path: Path, option: str) -> str:
@@ -109,6 +221,11 @@ def save_figure(fig: Any, path: Path, dpi: float) -> None:
     write_atomic(buffer.getvalue(), path)
 
 
+def text_width(text: str) -> int:
+    """The width of `text` in Latin characters: a CJK character (East Asian wide or full-width) takes two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def _sizes(n_rows: int, n_cols: int, longest_label: int) -> tuple[float, float, float]:
     """(cell size in inches, tick font size in points, label margin in inches) for a panel of
     n_rows x n_cols cells: cells shrink as the sentence grows, the font follows the cell."""
@@ -126,35 +243,40 @@ def heatmaps(
     title: str,
     xlabel: str,
     ylabel: str,
+    vmin: float = 0.0,
+    vmax: float | None = None,
+    bar_label: str = "attention weight",
 ) -> None:
-    """One PNG: a heatmap per (panel title, (len(rows), len(cols)) matrix), on one colour scale from 0 to
-    the largest weight, with the pieces as tick labels. At most HEATMAP_MAX_PIECES pieces of each axis are
-    drawn (the first ones; the title says so), so that an image stays a size a viewer opens."""
+    """One PNG: a heatmap per (panel title, (len(rows), len(cols)) matrix), on one colour scale from `vmin` to
+    `vmax` (default: 0 to the largest weight), with the pieces as tick labels. At most HEATMAP_MAX_PIECES pieces
+    of each axis are drawn (the first ones; the title says so), so that an image stays a size a viewer opens."""
     figure_module = require_matplotlib()
     if max(len(rows), len(cols)) > HEATMAP_MAX_PIECES:
         title += f" (first {min(len(rows), HEATMAP_MAX_PIECES)} of {len(rows)} x {min(len(cols), HEATMAP_MAX_PIECES)}"
         title += f" of {len(cols)} pieces drawn)"
         panels = [(name, m[:HEATMAP_MAX_PIECES, :HEATMAP_MAX_PIECES]) for name, m in panels]
         rows, cols = rows[:HEATMAP_MAX_PIECES], cols[:HEATMAP_MAX_PIECES]
-    cell, font, margin = _sizes(len(rows), len(cols), max(map(len, rows + cols), default=1))
-    panel_w, panel_h = cell * len(cols) + margin + 0.4, cell * len(rows) + margin + 0.3
-    # side by side up to about 22 inches; panels much wider than tall go one under the other
-    ncols = 1 if panel_w > 2.5 * panel_h else max(1, min(len(panels), int(22 // panel_w)))
-    nrows = math.ceil(len(panels) / ncols)
-    fig = figure_module.Figure(figsize=(panel_w * ncols + 1.2, panel_h * nrows + 0.4), layout="constrained")
-    fig.suptitle(printable(title), fontsize=max(font + 2, 10))
-    vmax = max(float(m.max()) for _, m in panels) or 1.0
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    image = None
-    for ax, (name, matrix) in zip(axes.flat, panels):
-        image = ax.imshow(matrix, cmap="viridis", vmin=0.0, vmax=vmax, aspect="equal", interpolation="nearest")
-        ax.set_title(name, fontsize=font + 1)
-        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=font)
-        ax.set_yticks(range(len(rows)), rows, fontsize=font)
-        ax.set_xlabel(xlabel, fontsize=font + 1)
-        ax.set_ylabel(ylabel, fontsize=font + 1)
-        ax.tick_params(length=2, pad=1)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
-    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
-    save_figure(fig, path, dpi=100 if max(len(rows), len(cols)) <= 40 else 130)
+    with text_fonts([title, *rows, *cols]):  # created and saved under the fonts of its text
+        cell, font, margin = _sizes(len(rows), len(cols), max(map(text_width, rows + cols), default=1))
+        panel_w, panel_h = cell * len(cols) + margin + 0.4, cell * len(rows) + margin + 0.3
+        # side by side up to about 22 inches; panels much wider than tall go one under the other
+        ncols = 1 if panel_w > 2.5 * panel_h else max(1, min(len(panels), int(22 // panel_w)))
+        nrows = math.ceil(len(panels) / ncols)
+        fig = figure_module.Figure(figsize=(panel_w * ncols + 1.2, panel_h * nrows + 0.4), layout="constrained")
+        fig.suptitle(printable(title), fontsize=max(font + 2, 10))
+        if vmax is None:
+            vmax = max(float(m.max()) for _, m in panels) or 1.0
+        axes = fig.subplots(nrows, ncols, squeeze=False)
+        image = None
+        for ax, (name, matrix) in zip(axes.flat, panels):
+            image = ax.imshow(matrix, cmap="viridis", vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
+            ax.set_title(name, fontsize=font + 1)
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=font)
+            ax.set_yticks(range(len(rows)), rows, fontsize=font)
+            ax.set_xlabel(xlabel, fontsize=font + 1)
+            ax.set_ylabel(ylabel, fontsize=font + 1)
+            ax.tick_params(length=2, pad=1)
+        for ax in list(axes.flat)[len(panels) :]:
+            ax.set_visible(False)
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=bar_label)
+        save_figure(fig, path, dpi=100 if max(len(rows), len(cols)) <= 40 else 130)

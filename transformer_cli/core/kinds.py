@@ -20,6 +20,7 @@ class KindNames:
     # "table" (TSV, CSV, JSONL rows with named columns), "conll" (a word and its tag per line) or "squad" (questions
     # on contexts with answer spans: SQuAD JSON, or JSON lines)
     reads: str
+    thresholded: bool = False  # decides each label by a probability threshold (task.threshold)
 
 
 _ENTITY = ("entity_f1", "entity_precision", "entity_recall")
@@ -28,5 +29,6 @@ TASK_KINDS: dict[str, KindNames] = {
     "classification": KindNames(("accuracy", "f1", "mcc"), ("accuracy",), "table"),
     "regression": KindNames(("pearson", "spearman"), ("pearson", "spearman"), "table"),
     "tagging": KindNames(_ENTITY, _ENTITY, "conll"),
+    "multilabel": KindNames(("macro_f1", "micro_f1", "subset_accuracy"), ("macro_f1",), "table", thresholded=True),
     "span": KindNames(("exact_match", "f1"), ("f1",), "squad"),  # SQuAD's, in percent (metrics/squad.py)
 }

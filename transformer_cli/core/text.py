@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import re
 import select
 import stat
 from collections import deque
@@ -416,57 +415,6 @@ def read_block(block: Block) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- documents
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
-_ABBREVIATIONS = {
-    "mr.",
-    "mrs.",
-    "ms.",
-    "dr.",
-    "prof.",
-    "st.",
-    "vs.",
-    "etc.",
-    "e.g.",
-    "i.e.",
-    "jr.",
-    "sr.",
-    "no.",
-    "fig.",
-    "inc.",
-    "ltd.",
-    "co.",
-    "u.s.",
-    "a.m.",
-    "p.m.",
-}
-
-
-def split_sentences(paragraph: str) -> list[str]:
-    """Rule-based splitter: break after . ! ? before a capital or digit, except after common abbreviations
-    and single-letter initials."""
-    pieces, start = [], 0
-    for match in _SENTENCE_END.finditer(paragraph):
-        candidate = paragraph[start : match.start()].rstrip()
-        last_word = candidate.split()[-1].lower() if candidate.split() else ""
-        if last_word in _ABBREVIATIONS or re.fullmatch(r"[a-z]\.", last_word):
-            continue
-        pieces.append(paragraph[start : match.end()].strip())
-        start = match.end()
-    pieces.append(paragraph[start:].strip())
-    return [p for p in pieces if p]
-
-
-def heading_level(text: str) -> int:
-    """WikiText headings: `= Title =` is level 1, `= = Section = =` level 2, ...; other lines 0."""
-    words = text.split()
-    if len(words) < 3 or words[0] != "=" or words[-1] != "=":
-        return 0
-    level = 0
-    while level < len(words) and words[level] == "=":
-        level += 1
-    return level if level < len(words) else 0
 
 
 def check_document_counts(

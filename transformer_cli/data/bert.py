@@ -27,7 +27,8 @@ from torch import Tensor
 
 from transformer_cli.core.buckets import bucket
 from transformer_cli.core.files import write_atomic
-from transformer_cli.core.text import check_document_counts, heading_level, read_lines, split_sentences
+from transformer_cli.core.sentences import heading_level, split_sentences
+from transformer_cli.core.text import check_document_counts, read_lines
 from transformer_cli.data.shards import ranges
 from transformer_cli.models.losses import IGNORE
 

@@ -29,8 +29,9 @@ from transformer_cli.core.errors import DECIMAL, UserError, quote
 from transformer_cli.core.files import check_file
 from transformer_cli.core.text import BOM, decode_text, decode_utf8, read_error, text_error
 
-# How a table's label is read (a task kind's `label_form`): a class name kept as a string, or a finite number.
-LABEL_FORMS = ("classification", "regression")
+# How a table's label is read (a task kind's `label_form`): a class name kept as a string, a finite number, or
+# a set of class names (a JSON list, or one field split on a separator: GoEmotions' "4,27").
+LABEL_FORMS = ("classification", "regression", "multilabel")
 DOCSTART = "-DOCSTART-"
 ZWJ = "\u200d"  # the one format character a label may hold: it joins emoji ("👩\u200d💻" is one)
 
@@ -41,7 +42,8 @@ class TextExample:
 
     text: str  # stripped of surrounding whitespace
     pair: str | None  # second text of a pair task, else None
-    label: str | float | None  # str for classification, float for regression, None when the file has no labels
+    # str for classification, float for regression, a tuple of names for multilabel, None when the file has no labels
+    label: str | float | tuple[str, ...] | None
     line: int  # 1-based line in the file (JSONL: its line; TSV/CSV: the physical line where the row starts)
 
 
@@ -193,41 +195,74 @@ def read_glue(data_dir: Path, task: str, split: str) -> list[TextExample]:
         )
     path = Path(data_dir) / t.folder / f"{split}.tsv"
     check_file(path, f"{path} {{what}}: {data_dir} should hold GLUE's {t.folder}/{split}.tsv (the glue_data layout)")
-    examples = _read_tsv(path, t.text, t.pair, t.label, t.kind, header=t.header)
+    examples = _read_tsv(path, t.text, t.pair, t.label, (t.kind, ","), header=t.header)
     if t.labels is not None:
         check_labels(examples, t.labels, path)
     return examples
 
 
 TABLE_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json")  # files read as tables; CoNLL's are .conll or .txt
+# (a .txt file is a tagger's CoNLL file, or a TSV table for the other kinds: CLUE's AFQMC ships train.txt)
 
 
 def read_task_table(
-    path: Path, task: GlueTask | None, text: str, pair: str | None, label: str | None, kind: str
+    path: Path,
+    task: GlueTask | None,
+    text: str,
+    pair: str | None,
+    label: str | None,
+    kind: str,
+    columns: Sequence[str] | None = None,
+    separator: str = ",",
 ) -> list[TextExample]:
     """A table given to a model (tcli evaluate --input, tcli predict): `read_table` with the named columns, or,
     for a GLUE task whose files have no header (CoLA), a .tsv without such a header read as that task's own
-    files are, columns by position (its dev.tsv, which otherwise had no column 'sentence')."""
-    if task is not None and not task.header and Path(path).suffix.lower() == ".tsv":
+    files are, columns by position (its dev.tsv, which otherwise had no column 'sentence'). A model trained on
+    tables without a header (`columns`, CLUE's AFQMC) reads a file as those were, unless its first line names
+    the text column: then that header names the columns."""
+    suffix = Path(path).suffix.lower()
+    if task is not None and not task.header and suffix == ".tsv":
         first = next((line for line in _lines(Path(path)) if line != ""), "")
         if text not in first.split("\t"):
-            return _read_tsv(Path(path), task.text, task.pair, None if label is None else task.label, kind, False)
-    return read_table(path, text, pair, label, kind)
+            label = None if label is None else task.label  # type: ignore[assignment]
+            return _read_tsv(Path(path), task.text, task.pair, label, (kind, separator), False)
+    if columns is not None and suffix != ".jsonl" and suffix != ".json":
+        first = next((line for line in _lines(Path(path)) if line != ""), "")
+        names = next(csv.reader([first])) if suffix == ".csv" else first.split("\t")
+        if text in (name.strip() for name in names):
+            columns = None
+    return read_table(path, text, pair, label, kind, columns, separator=separator)
 
 
-def read_table(path: Path, text: str, pair: str | None, label: str | None, kind: str) -> list[TextExample]:
-    """A user's labelled (or unlabelled) table, by its suffix: `.tsv`, `.csv`, `.jsonl` or `.json` (JSON lines).
+def read_table(
+    path: Path,
+    text: str,
+    pair: str | None,
+    label: str | None,
+    kind: str,
+    columns: Sequence[str] | None = None,
+    format: str | None = None,
+    separator: str = ",",
+) -> list[TextExample]:
+    """A user's labelled (or unlabelled) table, by its suffix: `.tsv` (and `.txt`), `.csv`, `.jsonl` or `.json`
+    (JSON lines), or by `format`.
 
     TSV is split on TAB only, without quote processing (quotes are text, as in GLUE); CSV follows RFC 4180
     (quoted fields may hold TABs, commas and newlines). TSV and CSV files start with a header naming the
-    columns; JSONL lines are objects and the names are their keys. Blank lines are skipped (JSONL included).
+    columns, unless `columns` names them (CLUE's files have no header); JSONL lines are objects and the names
+    are their keys. Blank lines are skipped (JSONL included).
 
     Args:
         path: the file.
         text: the column (key) of the text.
         pair: the column of the second text of a pair task, or None.
         label: the column of the label, or None to read texts only (for prediction).
-        kind: "classification" (labels kept as stripped strings) or "regression" (labels must be finite floats).
+        kind: "classification" (labels kept as stripped strings), "regression" (labels must be finite floats) or
+            "multilabel" (a JSON list of names, or a field of names split on `separator`; a tuple of them).
+        columns: the names of the columns of a TSV or CSV file without a header line, in order; None: the
+            first line is the header. JSON lines name their keys themselves and ignore it.
+        format: "tsv", "csv" or "jsonl" whatever the suffix; None: from the suffix.
+        separator: what separates the names of a multilabel field.
 
     Returns:
         The examples in file order; texts are stripped of surrounding whitespace.
@@ -240,12 +275,15 @@ def read_table(path: Path, text: str, pair: str | None, label: str | None, kind:
         raise ValueError(f"kind must be one of {LABEL_FORMS}, not {kind!r}")
     path = Path(path)
     suffix = path.suffix.lower()
-    if suffix == ".tsv":
-        return _read_tsv(path, text, pair, label, kind, header=True)
-    if suffix == ".csv":
-        return _read_csv(path, text, pair, label, kind)
-    if suffix in (".jsonl", ".json"):
-        return _read_jsonl(path, text, pair, label, kind)
+    form = (kind, separator)
+    if format is None:
+        format = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(suffix)
+    if format == "tsv":
+        return _read_tsv(path, text, pair, label, form, header=columns is None, names=columns)
+    if format == "csv":
+        return _read_csv(path, text, pair, label, form, columns)
+    if format == "jsonl":
+        return _read_jsonl(path, text, pair, label, form)
     raise UserError(
         f"{path}: unknown table format {quote(path.suffix or '(no suffix)')}; the formats understood are "
         f"{', '.join(TABLE_SUFFIXES)} (.json as JSON lines, one object per line)"
@@ -351,8 +389,8 @@ def label_set(examples: Sequence[TextExample] | Sequence[TaggedSentence], path: 
             hidden = invisible(value)
             if hidden is not None:  # '1' and '1\u200b' print alike and would be two classes
                 raise UserError(
-                    f"{path}:{ex.line + i}: label {quote(value)} holds the invisible character U+{ord(hidden):04X}; "
-                    "remove it"
+                    f"{path}:{_line_of(ex, i)}: label {quote(value)} holds the invisible character "
+                    f"U+{ord(hidden):04X}; remove it"
                 )
             seen.add(value)
     if all(_is_int(s) for s in seen):
@@ -421,7 +459,7 @@ def check_labels(examples: Sequence[TextExample] | Sequence[TaggedSentence], lab
             continue
         for i, value in enumerate((values,) if isinstance(values, (str, float)) else values):
             if value not in known:
-                line = ex.line + i  # a sentence's words are consecutive lines from ex.line on
+                line = _line_of(ex, i)
                 raise UserError(
                     f"{path}:{line}: label {quote(value)} is not one the model knows ({_listing(labels)}); "
                     "correct the label, or add examples of it to the training data and train again"
@@ -429,6 +467,12 @@ def check_labels(examples: Sequence[TextExample] | Sequence[TaggedSentence], lab
 
 
 # --- helpers -------------------------------------------------------------------------------------------------
+
+
+def _line_of(ex: TextExample | TaggedSentence, i: int) -> int:
+    """The line of an example's i-th label: a sentence's words are consecutive lines from ex.line on; a row's
+    labels (multilabel) are all on its line."""
+    return ex.line + i if isinstance(ex, TaggedSentence) else ex.line
 
 
 def _fields(n: int) -> str:
@@ -474,14 +518,22 @@ def _decode(path: Path) -> str:
 
 
 def _read_tsv(
-    path: Path, text: str | int, pair: str | int | None, label: str | int | None, kind: str, header: bool
+    path: Path,
+    text: str | int,
+    pair: str | int | None,
+    label: str | int | None,
+    kind: Form,
+    header: bool,
+    names: Sequence[str] | None = None,
 ) -> list[TextExample]:
     # TAB only, no quoting: GLUE's texts hold unbalanced `"` characters that a CSV reader would join across rows.
     rows = ((n, raw.split("\t")) for n, raw in enumerate(_lines(path), start=1) if raw != "")
-    return _examples(path, rows, text, pair, label, kind, header)
+    return _examples(path, rows, text, pair, label, kind, header, names)
 
 
-def _read_csv(path: Path, text: str, pair: str | None, label: str | None, kind: str) -> list[TextExample]:
+def _read_csv(
+    path: Path, text: str, pair: str | None, label: str | None, kind: Form, names: Sequence[str] | None = None
+) -> list[TextExample]:
     def rows() -> Iterator[tuple[int, list[str]]]:
         reader = csv.reader(io.StringIO(_decode(path), newline=""), strict=True)  # a stray quote is an error
         start = 1
@@ -493,7 +545,7 @@ def _read_csv(path: Path, text: str, pair: str | None, label: str | None, kind: 
         except csv.Error as e:
             raise UserError(f"{path}:{start}: not valid CSV ({e}); check the quoting of this row") from None
 
-    return _examples(path, rows(), text, pair, label, kind, header=True)
+    return _examples(path, rows(), text, pair, label, kind, header=names is None, given=names)
 
 
 def _examples(
@@ -502,28 +554,36 @@ def _examples(
     text: str | int,
     pair: str | int | None,
     label: str | int | None,
-    kind: str,
+    kind: Form,
     header: bool,
+    given: Sequence[str] | None = None,
 ) -> list[TextExample]:
-    """Rows of fields (with their line) into examples; the first row is the header when `header`."""
+    """Rows of fields (with their line) into examples; the first row is the header when `header`, and `given`
+    names the columns of a file without one."""
     examples: list[TextExample] = []
     width = 0
     idx: tuple[int, int | None, int | None] | None = None
     for n, fields in rows:
         if idx is None:  # the first row fixes the width, and names the columns when there is a header
-            width = len(fields)
-            names = [f.strip() for f in fields] if header else None
+            if given is not None:
+                _check_no_header(path, n, fields, given, text)
+            width = len(fields) if given is None else len(given)
+            names = [f.strip() for f in fields] if header else None if given is None else list(given)
             idx = (_column(path, names, width, text), *(_column(path, names, width, c) for c in (pair, label)))
             if header:
                 continue
         if len(fields) != width:
-            what = "the header" if header else "the first row"
-            hint = (
-                "fields are separated by TAB, and quotes are text (for quoted fields use .csv)"
-                if path.suffix.lower() == ".tsv"
-                else "check the commas and quotes (a quote left open runs on to the next rows)"
+            what = (
+                f"{'the header' if header else 'the first row'} has {width}"
+                if given is None
+                else f"the columns given are {width} ({', '.join(given)})"
             )
-            raise UserError(f"{path}:{n}: {_fields(len(fields))} but {what} has {width}; {hint}")
+            hint = (
+                "check the commas and quotes (a quote left open runs on to the next rows)"
+                if path.suffix.lower() == ".csv"
+                else "fields are separated by TAB, and quotes are text (for quoted fields use .csv)"
+            )
+            raise UserError(f"{path}:{n}: {_fields(len(fields))} but {what}; {hint}")
         i_text, i_pair, i_label = idx
         examples.append(
             TextExample(
@@ -538,6 +598,16 @@ def _examples(
             f"{path}: no examples" + (" (only a header)" if idx is not None and header else " (empty file)")
         )
     return examples
+
+
+def _check_no_header(path: Path, line: int, fields: list[str], given: Sequence[str], text: str | int) -> None:
+    """A header line in a file whose columns are named by the config: read as an example, its label would be a
+    class of its own (the word 'label') and its text a training example."""
+    if isinstance(text, str) and text in (f.strip() for f in fields):
+        raise UserError(
+            f"{path}:{line}: this line is a header (it names the column {quote(text)}), but data.columns "
+            f"([{', '.join(given)}]) is for files without one; remove data.columns to read the header"
+        )
 
 
 def _column(path: Path, names: list[str] | None, width: int, column: str | int | None) -> int | None:
@@ -565,9 +635,15 @@ def _text(path: Path, line: int, value: object, what: str) -> str:
     return value
 
 
-def _label(path: Path, line: int, value: object, kind: str) -> str | float:
+Form = tuple[str, str]  # (a LABEL_FORMS name, the separator of a multilabel field)
+
+
+def _label(path: Path, line: int, value: object, form: Form) -> str | float | tuple[str, ...]:
+    kind, separator = form
     if value is None or (isinstance(value, str) and not value.strip()):
         raise UserError(f"{path}:{line}: missing label; give every example a label (or read the file without labels)")
+    if kind == "multilabel":
+        return _label_names(path, line, value, separator)
     if kind == "classification":
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise UserError(f"{path}:{line}: label {quote(value)} should be a string or an integer")
@@ -590,6 +666,31 @@ def _label(path: Path, line: int, value: object, kind: str) -> str | float:
     return number
 
 
+def _label_names(path: Path, line: int, value: object, separator: str) -> tuple[str, ...]:
+    """A multilabel field: a JSON list of names (or integers; [] for none), or a string of names split on
+    `separator`; each name stripped, none empty, none twice."""
+    if isinstance(value, list):
+        names = value
+    elif isinstance(value, str):
+        names = value.split(separator)
+    else:
+        raise UserError(
+            f"{path}:{line}: label {quote(value)} should be a list of labels or a string of them separated by "
+            f"{quote(separator)}"
+        )
+    out: list[str] = []
+    for name in names:
+        if isinstance(name, bool) or not isinstance(name, (str, int)) or not str(name).strip():
+            raise UserError(
+                f"{path}:{line}: label {quote(value)} holds {quote(name)}: each of its labels should be a non-empty "
+                f"string or an integer (separated by {quote(separator)}; data.label_separator)"
+            )
+        if str(name).strip() in out:
+            raise UserError(f"{path}:{line}: label {quote(value)} names {quote(str(name).strip())} twice; keep one")
+        out.append(str(name).strip())
+    return tuple(out)
+
+
 MAX_REGRESSION_LABEL = 1e18  # squared, 1e36: within float32's 3.4e38, a batch's sum too
 
 
@@ -607,7 +708,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any] | _Repeated:
     return obj
 
 
-def _read_jsonl(path: Path, text: str, pair: str | None, label: str | None, kind: str) -> list[TextExample]:
+def _read_jsonl(path: Path, text: str, pair: str | None, label: str | None, kind: Form) -> list[TextExample]:
     examples = []
     for n, raw in enumerate(_lines(path), start=1):
         if not raw.strip():

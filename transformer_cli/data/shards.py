@@ -36,22 +36,21 @@ import numpy as np
 
 from transformer_cli.core.errors import UserError, quote
 from transformer_cli.core.files import write_atomic
+from transformer_cli.core.sentences import heading_level, split_sentences
 from transformer_cli.core.text import (
     Block,
     LineIndex,
     check_document_counts,
     fingerprint,
-    heading_level,
     read_block,
-    split_sentences,
 )
 
 FORMAT = "tcli-shards/1"
 MANIFEST = "manifest.json"
 BLOCK_LINES = 20_000  # lines per tokenising task
 IN_PROCESS_BYTES = 8 << 20  # smaller inputs are tokenised in this process (starting workers costs more)
-# The vocabulary's training sample holds at most this many characters: sentencepiece needs about 17 bytes per
-# character of its input (measured: 0.6 GB for 35M characters), so vocabulary training stays within 2 GB.
+# The vocabulary's training sample holds at most this many characters: sentencepiece's memory grows with the
+# characters of its input (measured: docs/benchmarks/data-at-scale.md), so vocabulary training stays within 2 GB.
 SAMPLE_CHARS = 50_000_000
 
 
@@ -580,11 +579,37 @@ def lines_of(blocks: Iterator[list[str]]) -> Iterator[str]:
 # ----------------------------------------------------------------------------- worker functions: a block each
 
 
-def encode_pairs(task: tuple[Block, Block, int | None, bool, str]) -> dict[str, Any]:
+def split_columns(lines: list[str], columns: tuple[int, int], name: str, first: int = 0) -> tuple[list[str], list[str]]:
+    """The source and target sides of tab-separated rows (line `first + 1` is lines[0]). A row without both
+    columns, or with an empty side, is an error naming the file and the line: a pair is never made up or
+    silently dropped from a file of pairs."""
+    src_col, tgt_col = columns
+    need = max(columns) + 1
+    src, tgt = [], []
+    for number, line in enumerate(lines, first + 1):
+        cells = line.split("\t", need)  # columns after the last one needed (attribution) stay joined
+        if len(cells) < need:
+            raise UserError(
+                f"{name} line {number}: {len(cells)} tab-separated column{'s' if len(cells) > 1 else ''}, but "
+                f"data.src_column {src_col} and data.tgt_column {tgt_col} need {need}; fix or remove the line"
+            )
+        for side, col in (("source", src_col), ("target", tgt_col)):
+            if not cells[col].strip():
+                raise UserError(f"{name} line {number}: the {side} (column {col}) is empty; fix or remove the line")
+        src.append(cells[src_col])
+        tgt.append(cells[tgt_col])
+    return src, tgt
+
+
+def encode_pairs(task: tuple[Block, Block, int | None, bool, str, tuple[int, int] | None]) -> dict[str, Any]:
     """Worker: read and tokenise one block of line pairs; pairs with an empty side or a side over max_len are
-    dropped (and counted)."""
-    src_block, tgt_block, max_len, references, dtype = task
-    src_lines, tgt_lines = read_block(src_block), read_block(tgt_block)
+    dropped (and counted). `columns`: the two blocks are one block of a tsv file, these its source and target
+    columns (a row without them is an error)."""
+    src_block, tgt_block, max_len, references, dtype, columns = task
+    if columns is not None:
+        src_lines, tgt_lines = split_columns(read_block(src_block), columns, str(src_block.path), src_block.first)
+    else:
+        src_lines, tgt_lines = read_block(src_block), read_block(tgt_block)
     lines = len(src_lines)
     src_sp, tgt_sp = _MODELS[0], _MODELS[-1]
     nonempty = [i for i, (s, t) in enumerate(zip(src_lines, tgt_lines)) if s.strip() and t.strip()]

@@ -1,7 +1,8 @@
 """Parallel text -> token pairs -> length-bucketed token batches.
 
-Files are `{dir}/{split}.{lang}`, one sentence per line. The source gets EOS appended; the target is
-fed as [BOS] y (decoder input) and scored against y [EOS] (labels).
+Files are `{dir}/{split}.{lang}`, one sentence per line, or (data.format: tsv) one file `{dir}/{split}` of
+tab-separated columns, as Tatoeba/Anki exports pairs (`source<TAB>target<TAB>attribution`). The source gets EOS
+appended; the target is fed as [BOS] y (decoder input) and scored against y [EOS] (labels).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import numpy as np
 
 from transformer_cli.core.buckets import bucket
 from transformer_cli.core.errors import UserError
-from transformer_cli.core.text import LineIndex, index_lines, read_lines
+from transformer_cli.core.text import LineIndex, index_lines, read_block, read_lines, stream_lines
 from transformer_cli.data import shards
-from transformer_cli.data.shards import Manifest, flatten, ranges
+from transformer_cli.data.shards import Manifest, flatten, lines_of, ranges, split_columns
 from transformer_cli.vocab.spm import BOS_ID, EOS_ID, Vocab
 from transformer_cli.vocab.spm import PAD_ID as PAD
 
@@ -25,10 +26,33 @@ if TYPE_CHECKING:  # torch is imported where a batch is built: preprocessing (`t
     import torch
     from torch import Tensor
 
+    from transformer_cli.config import TranslationDataConfig
+
 
 def split_paths(data_dir: str | Path, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
     base = Path(data_dir)
     return base / f"{split}.{src_lang}", base / f"{split}.{tgt_lang}"
+
+
+def data_paths(data: TranslationDataConfig, split: str, data_dir: str | Path | None = None) -> tuple[Path, Path]:
+    """The source and target files of a split (format tsv: the one file, twice); `data_dir` replaces data.dir."""
+    base = Path(data_dir if data_dir is not None else data.dir)
+    if data.format == "tsv":
+        return base / split, base / split
+    return split_paths(base, split, data.src_lang, data.tgt_lang)
+
+
+def data_columns(data: TranslationDataConfig) -> tuple[int, int] | None:
+    """The (source, target) columns of a tsv split; None for two text files."""
+    return (data.src_column, data.tgt_column) if data.format == "tsv" else None
+
+
+def read_tsv(path: Path, columns: tuple[int, int]) -> tuple[list[str], list[str]]:
+    """Both sides of a tab-separated file of pairs (strict UTF-8, every row checked)."""
+    src, tgt = split_columns(read_lines(path), columns, str(path))
+    if not src:
+        raise UserError(f"{path} is empty")
+    return src, tgt
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]:
@@ -376,13 +400,36 @@ class SplitFiles:
     tgt: Path
     max_len: int | None
     references: bool
+    columns: tuple[int, int] | None = None  # a tsv split: `src` = `tgt` is one file, these its columns
+
+    def side_lines(self, side: str) -> Iterator[str]:
+        """The source ("src") or target ("tgt") sentences, streamed in bounded memory."""
+        if self.columns is None:
+            yield from lines_of(stream_lines(self.src if side == "src" else self.tgt))
+            return
+        first = 0
+        for lines in stream_lines(self.src):
+            yield from split_columns(lines, self.columns, str(self.src), first)[0 if side == "src" else 1]
+            first += len(lines)
 
 
 def index_pair(
-    src_path: Path, tgt_path: Path, block: int = shards.BLOCK_LINES, also: Any = None
+    src_path: Path,
+    tgt_path: Path,
+    block: int = shards.BLOCK_LINES,
+    also: Any = None,
+    columns: tuple[int, int] | None = None,
 ) -> tuple[LineIndex, LineIndex]:
     """Both files of a split indexed in blocks of lines (one read of each: UTF-8 checked, lines counted); a
-    line-count mismatch names both files and both counts. `also`: a hashlib object fed both files' bytes."""
+    line-count mismatch names both files and both counts. `also`: a hashlib object fed both files' bytes.
+    `columns`: the split is one tsv file (`src_path`), indexed once and every row checked."""
+    if columns is not None:
+        index = index_lines(src_path, block, also=also)
+        if not index.lines:
+            raise UserError(f"{src_path} is empty")
+        for part in index.blocks():
+            split_columns(read_block(part), columns, str(src_path), part.first)
+        return index, index
     src, tgt = index_lines(src_path, block, also=also), index_lines(tgt_path, block, also=also)
     if src.lines != tgt.lines:
         raise UserError(
@@ -407,7 +454,7 @@ def preprocess_parallel(
     `indexes` (by split name, from `index_pair`) saves reading the files once more to find the blocks."""
     dtype = shards.token_dtype(max(len(v) for v in vocabs))
     models = [vocabs[0].model_bytes] + ([vocabs[1].model_bytes] if vocabs[1] is not vocabs[0] else [])
-    indexes = {s.name: (indexes or {}).get(s.name) or index_pair(s.src, s.tgt) for s in splits}
+    indexes = {s.name: (indexes or {}).get(s.name) or index_pair(s.src, s.tgt, columns=s.columns) for s in splits}
     workers = shards.choose_workers([i.size for pair in indexes.values() for i in pair], workers)
     out: dict[str, dict[str, Any]] = {}
     with shards.progress("preprocess", quiet) as bar, shards.Workers(models, workers) as pool:
@@ -416,7 +463,10 @@ def preprocess_parallel(
             refs = open(folder / f"{split.name}.ref", "w", encoding="utf-8") if split.references else None
             counts = {"lines": 0, "empty": 0, "long": 0}
             src, tgt = indexes[split.name]
-            tasks = ((a, b, split.max_len, split.references, dtype.str) for a, b in zip(src.blocks(), tgt.blocks()))
+            tasks = (
+                (a, b, split.max_len, split.references, dtype.str, split.columns)
+                for a, b in zip(src.blocks(), tgt.blocks())
+            )
             for block in pool.map(shards.encode_pairs, tasks):
                 for side in ("src", "tgt"):
                     writers[side].add(block[side], block[f"{side}_lens"])
@@ -434,7 +484,8 @@ def preprocess_parallel(
                 why = f"{counts['empty']} of {counts['lines']} have an empty side"
                 if split.max_len is not None:
                     why += f", {counts['long']} have a side over {split.max_len} pieces (data.max_len)"
-                raise UserError(f"{split.src} / {split.tgt}: no sentence pairs left ({why}); check these files")
+                files = str(split.src) if split.columns is not None else f"{split.src} / {split.tgt}"
+                raise UserError(f"{files}: no sentence pairs left ({why}); check these files")
             names = [n for w in writers.values() for n in w.names] + ([f"{split.name}.ref"] if refs else [])
             out[split.name] = {
                 "counts": {"lines": counts["lines"], "pairs": kept},

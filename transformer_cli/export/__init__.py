@@ -1,1 +1,3 @@
-"""Ways out of a checkpoint: Hugging Face and CTranslate2 folders, checkpoint averaging."""
+"""Ways out of a checkpoint and in from elsewhere: Hugging Face folders (written and read), CTranslate2
+folders, checkpoint averaging.
+"""

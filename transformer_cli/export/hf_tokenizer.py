@@ -5,7 +5,8 @@ The tokenizers-library pipeline is rebuilt from the sentencepiece model itself, 
   normalizer    the model's own precompiled character map (nmt_nfkc unless the model says otherwise),
                 then its whitespace rules (strip, collapse runs of spaces, spaces -> "▁");
   pre-tokenizer Metaspace: the "▁" dummy prefix sentencepiece adds to every encoded text;
-  model         Unigram with the pieces and their log-probabilities, or BPE with merges ranked by the
+  model         Unigram with the pieces and their log-probabilities (a char model too: its pieces are single
+                characters, so both split every character apart), or BPE with merges ranked by the
                 score of the merged piece (sentencepiece's BPE merges the best-scoring pair first);
                 an unknown character becomes [UNK] (id 1), consecutive unknowns one [UNK], as in sentencepiece;
   post-processor [CLS] A [SEP] (single) and [CLS] A [SEP] B [SEP] with token types 0 / 1 (pairs).
@@ -24,7 +25,7 @@ from transformer_cli.vocab.spm import Vocab
 SPACE = "▁"  # U+2581, sentencepiece's visible space
 # sentencepiece_model.proto: ModelProto.SentencePiece.Type and TrainerSpec.ModelType
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-UNIGRAM, BPE = 1, 2
+UNIGRAM, BPE, CHAR = 1, 2, 4
 SPECIALS = {
     "pad_token": "[PAD]",
     "unk_token": "[UNK]",
@@ -117,7 +118,8 @@ def _model(proto: Any) -> dict[str, Any]:
     pieces = [(p.piece, p.score, p.type) for p in proto.pieces]
     unk_id = proto.trainer_spec.unk_id
     byte_fallback = bool(proto.trainer_spec.byte_fallback)
-    if proto.trainer_spec.model_type == UNIGRAM:
+    # A char model's pieces are single characters: as a Unigram model it has one segmentation, the same.
+    if proto.trainer_spec.model_type in (UNIGRAM, CHAR):
         return {
             "type": "Unigram",
             "unk_id": unk_id,

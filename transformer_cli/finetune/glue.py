@@ -28,8 +28,8 @@ from transformer_cli.metrics.task_metrics import main_value
 # What every GLUE run starts from (the FinetuneTrainConfig defaults: batch 32, lr 2e-5, warmup 10% then linear
 # decay, weight decay 0.01, max length 128), and the epochs per task: one pass over the large tasks (SST-2's 67k
 # examples already give 2,100 updates), four over the small ones, whose dev scores swing with the few updates an
-# epoch gives. The six tasks of ../shared/data/glue then fit 30 minutes on 2 CPU cores for a 4-layer, d_model 256
-# BERT (BENCHMARKS.md).
+# epoch gives. The six tasks then fit 30 minutes on 2 CPU cores for a 4-layer, d_model 256 BERT (measured:
+# docs/benchmarks/finetuning.md).
 EPOCHS = {"cola": 4, "sst2": 1, "mrpc": 4, "stsb": 4, "qqp": 1, "mnli": 1, "qnli": 1, "rte": 4, "wnli": 4}
 COMMON = ("train.batch_size=32", "train.lr=2e-5", "train.warmup_ratio=0.1", "train.weight_decay=0.01")
 COMMON += ("data.max_seq_len=128",)

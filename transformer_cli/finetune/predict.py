@@ -2,8 +2,9 @@
 
 Input: a table (.tsv, .csv, .jsonl with the columns the model was trained on), a CoNLL file (.conll, tagging),
 questions for a QA model (a SQuAD .json, or JSON lines of {"question", "context"}, a file or stdin), or plain lines
-(a file or stdin): one text per line, `a<TAB>b` for a pair model, words separated by spaces for a tagger. Plain
-lines stream like `tcli translate`: each chunk's predictions are written before the next chunk is read. Output:
+(a file or stdin): one text per line, `a<TAB>b` for a pair model, words separated by spaces for a tagger; for a
+model trained on tables without a header (data.columns, CLUE's), also the rows of such a table. Plain lines stream
+like `tcli translate`: each chunk's predictions are written before the next chunk is read. Output:
 `label<TAB>probability` or the score, one line per input; for tagging one `word tag` line per word and a blank line
 after each sentence; for QA a JSON line {"id", "answer", "score", "start"} per question.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +103,23 @@ def _conll_rows(lines: list[str], tags: set[str]) -> bool:
     )
 
 
-def _plain(line: str, number: int, pair_model: bool, tagging: bool, name: str) -> TextExample | TaggedSentence:
+def _plain(
+    line: str, number: int, pair_model: bool, tagging: bool, name: str, row: RowColumns | None = None
+) -> TextExample | TaggedSentence:
     text = line.strip()
     if not text:
         hint = f"; {CONLL_HINT}" if tagging else ""
         raise UserError(f"{name}:{number}: empty line; predict writes one output per input line, so give a text{hint}")
     if tagging:
         return TaggedSentence(tuple(text.split()), None, number)
+    if row is not None:  # a row of the header-less files the model was trained on (CLUE's dev.txt), label and all
+        fields = line.rstrip("\r\n").split("\t")
+        if len(fields) == row.width:
+            a, b = fields[row.text].strip(), None if row.pair is None else fields[row.pair].strip()
+            if not a or b == "":
+                which = "second text" if a else "first text" if pair_model else "text"
+                raise UserError(f"{name}:{number}: the {which} of this row is empty; give it a text or remove the row")
+            return TextExample(a, b, None, number)
     if pair_model:
         fields = line.rstrip("\r\n").split("\t")
         if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
@@ -125,6 +137,22 @@ def _plain(line: str, number: int, pair_model: bool, tagging: bool, name: str) -
             "'a<TAB>b'); for a table with columns, give it as .tsv, .csv or .jsonl"
         )
     return TextExample(text, None, None, number)
+
+
+@dataclass(frozen=True)
+class RowColumns:
+    """Where the text (and pair) are in a row of the model's header-less training files (data.columns)."""
+
+    width: int
+    text: int
+    pair: int | None
+
+
+def _row_columns(predictor: Predictor) -> RowColumns | None:
+    d = predictor.cfg.data
+    if d.columns is None or predictor.cfg.task.glue is not None:
+        return None
+    return RowColumns(len(d.columns), d.columns.index(d.text), None if d.pair is None else d.columns.index(d.pair))
 
 
 def run_predict(
@@ -153,12 +181,15 @@ def run_predict(
             text, pair = predictor.columns()
             glue = predictor.cfg.task.glue
             task = GLUE_TASKS[glue_key(glue)] if glue else None
-            examples = read_task_table(input_path, task, text, pair, None, predictor.meta.task_kind.label_form)
+            form = predictor.meta.task_kind.label_form
+            columns, separator = predictor.cfg.data.columns, predictor.cfg.data.label_separator
+            examples = read_task_table(input_path, task, text, pair, None, form, columns, separator)
             return _write_all(predictor, [examples], write)
         if suffix == ".conll":
             return _write_all(predictor, [read_conll(input_path)], write)
         lines = stack.enter_context(open_input(input_path, sys.stdin))
         name, pair_model = str(input_path or "<stdin>"), predictor.columns()[1] is not None
+        row = _row_columns(predictor)
         number = 0
         first = first_chunk(output, FIRST_CHUNK_LINES, MAX_CHUNK_LINES)
         for chunk in chunks(lines, first, MAX_CHUNK_LINES):  # written before the next chunk is read
@@ -167,7 +198,7 @@ def run_predict(
                     f"{name}: its lines are a CoNLL file's rows (each ends with a tag), not sentences to tag; "
                     f"{CONLL_HINT}, or give one sentence per line"
                 )
-            examples = [_plain(line, number + i + 1, pair_model, tagging, name) for i, line in enumerate(chunk)]
+            examples = [_plain(line, number + i + 1, pair_model, tagging, name, row) for i, line in enumerate(chunk)]
             number += _write_all(predictor, [examples], write)
         return number
 

@@ -69,7 +69,9 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
         paths = [Path(d.dir) / d.train, Path(d.dir) / d.valid]
         for path in paths:
             check_file(path, f"data: {path} {{what}} (data.dir {d.dir!r} and data.train / data.valid)")
-        conll = d.format == "conll" or (d.format == "auto" and paths[0].suffix.lower() in (".txt", ".conll"))
+        suffix = paths[0].suffix.lower()  # (a .txt file is CoNLL for a tagger, a TSV table otherwise: CLUE's)
+        conll_suffix = suffix == ".conll" or (suffix == ".txt" and kind.reads == "conll")
+        conll = d.format == "conll" or (d.format == "auto" and conll_suffix)
         if (kind.reads == "conll") != conll:
             raise UserError(
                 f"task.kind {t.kind} reads {'CoNLL files' if kind.reads == 'conll' else 'tables'}, but "
@@ -127,13 +129,15 @@ def _read_squad_run(cfg: FinetuneRunConfig) -> LabelledData:
 
 
 def _table(path: Path, d: Any, kind: str) -> list[TextExample]:
-    if d.format not in ("auto", path.suffix.lower().lstrip(".")) and not (
-        d.format == "jsonl" and path.suffix == ".json"
+    suffix = path.suffix.lower()
+    if d.format not in ("auto", suffix.lstrip(".")) and not (
+        (d.format == "jsonl" and suffix == ".json") or suffix == ".txt"  # (.txt says nothing of the format)
     ):
         raise UserError(
             f"data.format is {d.format} but {path} has the suffix {path.suffix}; rename it or fix data.format"
         )
-    return read_table(path, d.text, d.pair, d.label, kind)
+    fmt = None if d.format == "auto" else d.format
+    return read_table(path, d.text, d.pair, d.label, kind, d.columns, fmt, d.label_separator)
 
 
 # ----------------------------------------------------------------------------- the starting encoder
@@ -384,6 +388,8 @@ class FinetuneSetup(SetupBase):
                 cfg.data.max_seq_len,
                 cfg.model.classifier_dropout,
                 settings=KINDS[data.kind].settings_of(cfg, data),
+                # (tune: set at each evaluation)
+                threshold=cfg.task.threshold if isinstance(cfg.task.threshold, float) else 0.5,
             )
             self.weights, self.described = source.weights, source.description
         return self.meta

@@ -84,7 +84,10 @@ class FinetuneTask:
     def _evaluate_split(
         self, model: nn.Module, runtime: Runtime, features: Features, examples: list[Any], name: str
     ) -> dict[str, float]:
-        results, preds = evaluate_examples(model, self.meta, self.data.metrics, examples, features, runtime)
+        tune = self.cfg.task.threshold == "tune" and features is self.valid  # (the split that selects best.pt)
+        results, preds = evaluate_examples(model, self.meta, self.data.metrics, examples, features, runtime, tune=tune)
+        if tune:
+            results["threshold"] = self.meta.threshold
         note = self.meta.task_kind.note(self.meta, preds, name)
         if note is not None:
             say(self.quiet, note)

@@ -2,8 +2,9 @@
 head are, how its logits become predictions, how those are scored, printed and exported.
 
 `Kind` holds the behaviour of a label per text (or pair), which most kinds share; each kind is a subclass in its
-own module (classification.py, regression.py, tagging.py, span.py), registered in registry.KINDS. Its name, metrics and
-the files it reads are core/kinds.TASK_KINDS' (config.py checks a config with them, below this folder).
+own module (classification.py, regression.py, tagging.py, multilabel.py, span.py), registered in registry.KINDS. Its
+name, metrics and the files it reads are core/kinds.TASK_KINDS' (config.py checks a config with them, below this
+folder).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Meta(Protocol):
     labels: list[str]
     tokenizer: BertTokenizer
     max_seq_len: int
+    threshold: float  # of a kind that decides each label by its probability (multilabel)
 
 
 class Kind:
@@ -54,6 +56,10 @@ class Kind:
     @property
     def reads(self) -> str:
         return TASK_KINDS[self.name].reads
+
+    @property
+    def thresholded(self) -> bool:
+        return TASK_KINDS[self.name].thresholded
 
     def outputs(self, labels: Sequence[str]) -> int:
         """The head's outputs for a label set."""
@@ -148,6 +154,10 @@ class Kind:
         """(predictions, gold) as metrics/task_metrics.compute takes them."""
         index = {label: i for i, label in enumerate(meta.labels)}
         return preds, [index[ex.label] for ex in examples]
+
+    def tuned_threshold(self, meta: Meta, metrics: Sequence[str], examples: list[Any], logits: list[Tensor]) -> float:
+        """The decision threshold that scores best on `examples` (kinds decided by one: core/kinds thresholded)."""
+        raise NotImplementedError(f"{self.name} decides without a threshold")
 
     def note(self, meta: Meta, preds: list[Any], split: str) -> str | None:
         """A line for the training log about a dev evaluation's predictions, or None."""

@@ -14,8 +14,8 @@ from transformer_cli.vocab.bert_tokenizer import BertTokenizer, pack
 
 @dataclass
 class Features:
-    """Encoded examples: ids and token types per example, its label (a class id, a float, or per-position tags
-    with IGNORE), and, for tagging, the position of each word's first piece."""
+    """Encoded examples: ids and token types per example, its label (a class id, a float, a multi-hot row, or
+    per-position tags with IGNORE), and, for tagging, the position of each word's first piece."""
 
     ids: list[list[int]] = field(default_factory=list)
     types: list[list[int]] = field(default_factory=list)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 class FinetuneMeta:
     """Stored in every fine-tuned checkpoint under "finetune"."""
 
-    kind: str  # a name of registry.KINDS: classification | regression | tagging
+    kind: str  # a name of registry.KINDS: classification | regression | tagging | multilabel
     labels: list[str]  # the label set, in id order (empty for regression)
     encoder: BertModelConfig  # resolved sizes of the encoder
     vocab_size: int  # rows of the token embedding (an HF model may have more than its tokenizer's tokens)
@@ -46,6 +46,7 @@ class FinetuneMeta:
     max_seq_len: int
     classifier_dropout: float = 0.1
     settings: Any = None  # the kind's own (Kind.settings_of: span's windows and decoding), stored as "settings"
+    threshold: float = 0.5  # multilabel: a label is predicted above this probability (tuned on dev, or task.threshold)
 
     @property
     def task_kind(self) -> Kind:
@@ -66,6 +67,7 @@ class FinetuneMeta:
             "max_seq_len": self.max_seq_len,
             "classifier_dropout": self.classifier_dropout,
             **({"settings": self.settings.state()} if self.settings is not None else {}),
+            **({"threshold": self.threshold} if self.task_kind.thresholded else {}),
         }
 
     @classmethod
@@ -90,7 +92,10 @@ class FinetuneMeta:
         max_seq_len = _stored(state, "max_seq_len", 128, int, 8, encoder.max_positions, source)
         dropout = _stored(state, "classifier_dropout", 0.1, float, 0.0, 0.999, source)
         settings = kind.read_settings(state.get("settings"), source)
-        return cls(state["kind"], labels, encoder, vocab_size, tokenizer, max_seq_len, dropout, settings=settings)
+        threshold = _stored(state, "threshold", 0.5, float, 1e-6, 1 - 1e-6, source) if kind.thresholded else 0.5
+        meta = cls(state["kind"], labels, encoder, vocab_size, tokenizer, max_seq_len, dropout, settings=settings)
+        meta.threshold = threshold
+        return meta
 
 
 def _stored(state: dict, key: str, default: Any, kind: type, low: float, high: float, source: str) -> Any:
@@ -147,7 +152,8 @@ class ClassifierBatch:
         if ids.size(0) == 0:
             return None
         labels = self.labels[rank::world] if self.labels is not None else None
-        items = ids.size(0) if labels is None or labels.dim() == 1 else int(labels.ne(IGNORE).sum())
+        per_position = labels is not None and labels.dim() == 2 and not labels.is_floating_point()  # (B, T) tags
+        items = int(labels.ne(IGNORE).sum()) if per_position else ids.size(0)  # (multi-label: (B, C) floats)
         return ClassifierBatch(ids, self.segment_ids[rank::world], labels, items, int(ids.ne(0).sum()))
 
     def to(self, device: torch.device) -> ClassifierBatch:
@@ -196,9 +202,8 @@ def batch_width(longest: int, multiple: int, limit: int, bucketed: bool) -> int:
     `limit` (max_seq_len) but for a longest member already there.
 
     Bucketed where matmuls compile a kernel per shape (`Runtime.kernel_per_shape`: bf16 on a CPU): with exact
-    widths, fine-tuning on MRPC met ~1,700 kernels, more than oneDNN's cache holds, and compiled 1,220 of them
-    again at every epoch (17% of its time); elsewhere the padding would only cost (5% in fp32; BENCHMARKS.md,
-    "Fine-tuning speed")."""
+    widths, fine-tuning on MRPC meets more kernels than oneDNN's cache holds and compiles many of them again at
+    every epoch; elsewhere the padding would only cost (measured: docs/benchmarks/finetuning.md)."""
     width = bucket(longest, multiple) if bucketed else -(-longest // multiple) * multiple
     return max(longest, min(width, limit))
 
@@ -266,7 +271,7 @@ def score(meta: FinetuneMeta, metrics: Sequence[str], examples: list[Any], preds
     results = meta.task_kind.score(meta, metrics, examples, preds)
     if results is None:
         pred, gold = meta.task_kind.scored(meta, examples, preds)
-        results = task_metrics.compute(metrics, pred, gold)
+        results = task_metrics.compute(metrics, pred, gold, meta.labels)
     results["score"] = task_metrics.main_value(results, metrics)
     return results
 
@@ -279,17 +284,21 @@ def evaluate_examples(
     features: Features | None,
     runtime: Runtime,
     refuse_non_finite: str | None = None,
+    tune: bool = False,
 ) -> tuple[dict[str, float], list[Any]]:
     """(the metrics and score, the predictions) of labelled examples: what training logs at each evaluation
     and `tcli evaluate` prints, computed by this one function. Outputs that are not finite (weights grown past
     float range) score NaN, which never becomes best.pt (argmax read NaN as class 0: a score of chance); with
-    `refuse_non_finite` (the checkpoint's name) they are a one-line error."""
+    `refuse_non_finite` (the checkpoint's name) they are a one-line error. With `tune`, the kind's decision
+    threshold is first set (in `meta`) to the one that scores best on these examples (`Kind.tuned_threshold`)."""
     features = features if features is not None else features_of(meta, examples)
     batches = length_order(features, EVAL_ROWS)
     logits = predict_logits(model, features, batches, meta.tokenizer.pad_id, meta.kind, runtime, meta.max_seq_len)
-    preds, _ = decide(meta, logits, examples, features)
     if non_finite(logits, refuse_non_finite):
-        return {**dict.fromkeys(metrics, math.nan), "score": math.nan}, preds
+        return {**dict.fromkeys(metrics, math.nan), "score": math.nan}, decide(meta, logits, examples, features)[0]
+    if tune:
+        meta.threshold = meta.task_kind.tuned_threshold(meta, metrics, examples, logits)
+    preds, _ = decide(meta, logits, examples, features)
     return score(meta, metrics, examples, preds), preds
 
 

@@ -3,6 +3,9 @@
 Classification: `accuracy`, `f1_positive` (F1 of the positive class: MRPC, QQP), `matthews` (MCC, sklearn's
 multiclass generalisation: CoLA). Regression: `pearson`, `spearman` (average ranks for ties: STS-B).
 Tagging: `entity_scores`, conlleval's entity-level precision/recall/F1 (IOB1 and IOB2 alike, per-type F1 too).
+Multi-label: `multilabel_scores` on indicator matrices (a row per example, a column per label): `micro_f1`
+(TP, FP, FN summed over labels), `macro_f1` (the mean of each label's F1, 0 for a label never gold nor
+predicted, as sklearn's zero_division=0), `subset_accuracy` (rows predicted exactly), and F1 per label.
 `compute` runs metrics by name, `main_value` is a task's score (the mean of its metrics, as GLUE counts a
 two-metric task), `glue_score` the mean over tasks (MNLI's matched and mismatched averaged into one task) and
 `glue_table` the Markdown table `tcli glue` prints. Scores are fractions in 0..1; only the table shows x100.
@@ -18,19 +21,10 @@ import numpy as np
 
 from transformer_cli.core.kinds import TASK_KINDS
 
-# exact_match (and f1 for extractive QA) are SQuAD's, computed by metrics/squad.py (kinds/span.py scores with it)
-METRICS = (
-    "accuracy",
-    "f1",
-    "mcc",
-    "pearson",
-    "spearman",
-    "entity_f1",
-    "entity_precision",
-    "entity_recall",
-    "exact_match",
-)
 _ENTITY = ("entity_f1", "entity_precision", "entity_recall")
+_MULTILABEL = ("macro_f1", "micro_f1", "subset_accuracy")
+# exact_match (and f1 for extractive QA) are SQuAD's, computed by metrics/squad.py (kinds/span.py scores with it)
+METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman", *_ENTITY, *_MULTILABEL, "exact_match")
 # The metrics that score each kind of task's predictions (label ids, numbers, sentences of tags): core/kinds.py's.
 BY_KIND = {name: kind.metrics for name, kind in TASK_KINDS.items()}
 
@@ -180,6 +174,32 @@ def _prf(pred: set, gold: set) -> tuple[float, float, float]:
     return precision, recall, f1
 
 
+def multilabel_scores(
+    pred: Sequence[Sequence[int]], gold: Sequence[Sequence[int]], names: Sequence[str] | None = None
+) -> dict[str, float]:
+    """Multi-label scores of 0/1 indicator rows (examples x labels).
+
+    Returns:
+        {"micro_f1", "macro_f1", "subset_accuracy"} and "f1_<label>" for each column (`names`, else its index).
+    """
+    p, g = np.asarray(pred, dtype=bool), np.asarray(gold, dtype=bool)
+    if p.shape != g.shape or p.ndim != 2 or p.shape[1] == 0:
+        raise ValueError(f"pred and gold must be indicator matrices of one shape, not {p.shape} and {g.shape}")
+    if p.shape[0] == 0:
+        raise ValueError("no predictions to score")
+    tp, fp, fn = (p & g).sum(0), (p & ~g).sum(0), (~p & g).sum(0)  # (L,) each
+    per_label = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1), 0.0)
+    micro = 2 * tp.sum() + fp.sum() + fn.sum()
+    out = {
+        "micro_f1": float(2 * tp.sum() / micro) if micro else 0.0,
+        "macro_f1": float(per_label.mean()),
+        "subset_accuracy": float((p == g).all(1).mean()),
+    }
+    labels = names if names is not None else [str(j) for j in range(p.shape[1])]
+    out.update({f"f1_{label}": float(f) for label, f in zip(labels, per_label)})
+    return out
+
+
 def check_names(kind: str, names: Sequence[str], what: str) -> None:
     """Known metric names that score a task of `kind`, each once; ValueError naming the first that is not, as
     `what` (task.metrics in a config, the metrics a checkpoint stores)."""
@@ -193,17 +213,22 @@ def check_names(kind: str, names: Sequence[str], what: str) -> None:
             raise ValueError(f"{what} names {name} twice; name each metric once")
 
 
-def compute(metrics: Sequence[str], pred: Sequence, gold: Sequence) -> dict[str, float]:
+def compute(
+    metrics: Sequence[str], pred: Sequence, gold: Sequence, names: Sequence[str] | None = None
+) -> dict[str, float]:
     """The named metrics of predictions against gold.
 
     Args:
         metrics: names from `METRICS`: accuracy, f1, mcc (label ids); pearson, spearman (floats);
-            entity_f1, entity_precision, entity_recall (sentences of tags).
+            entity_f1, entity_precision, entity_recall (sentences of tags); macro_f1, micro_f1,
+            subset_accuracy (indicator rows).
         pred: predictions, of the kind the metrics take.
         gold: gold labels, likewise.
+        names: the label of each indicator column (multi-label), for the per-label keys.
 
     Returns:
-        {name: value} for each name asked; when an entity metric is asked, also "f1_<TYPE>" for each type.
+        {name: value} for each name asked; when an entity metric is asked, also "f1_<TYPE>" for each type; when
+        a multi-label one is, all three of them and "f1_<label>" for each label.
     """
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
@@ -214,6 +239,8 @@ def compute(metrics: Sequence[str], pred: Sequence, gold: Sequence) -> dict[str,
         entity = entity_scores(pred, gold)
         out.update({m: entity[m] for m in metrics if m in _ENTITY})
         out.update({k: v for k, v in entity.items() if k.startswith("f1_")})
+    if any(m in _MULTILABEL for m in metrics):
+        out.update(multilabel_scores(pred, gold, names))
     return out
 
 

@@ -4,10 +4,11 @@ Sequence classification and regression read the pooled `[CLS]` vector: tanh(W h_
 trained), then dropout and one linear layer to the labels (or to one output for regression); as nothing else is
 read, the encoder's last block computes the [CLS] position alone (`Bert.encode(first_only=True)`, the same
 values). Tagging reads every position's hidden state through dropout and a linear layer; only each word's first
-piece carries a label (the others are IGNORE). Extractive QA reads every position too, a start and an end logit
-each (`BertQuestionAnswering`, HF's `qa_outputs`). The task's kind (transformer_cli/kinds/) chooses which head and
-which loss; this module knows nothing of kinds or configs. Parameter names follow HF's BertForSequenceClassification and
-BertForTokenClassification: `bert.*` for the encoder, `classifier.*` for the head.
+piece carries a label (the others are IGNORE). Multi-label classification reads [CLS] too, one sigmoid per label.
+Extractive QA reads every position, a start and an end logit each (`BertQuestionAnswering`, HF's `qa_outputs`). The
+task's kind (transformer_cli/kinds/) chooses which head and which loss; this module knows nothing of kinds or
+configs. Parameter names follow HF's BertForSequenceClassification and BertForTokenClassification: `bert.*` for
+the encoder, `classifier.*` for the head.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from torch import Tensor, nn
 from transformer_cli.models.bert import Bert
 from transformer_cli.models.losses import IGNORE
 
-# Softmax cross-entropy over the classes (or tags), or the squared error of one output.
-LOSSES = ("cross_entropy", "mse")
+# Softmax cross-entropy over the classes (or tags), the squared error of one output, or binary cross-entropy of
+# one sigmoid per label (multi-label; HF's BCEWithLogitsLoss, its mean over labels).
+LOSSES = ("cross_entropy", "mse", "bce")
 
 
 @dataclass
@@ -54,8 +56,9 @@ class BertClassifier(nn.Module):
     def forward(self, input_ids: Tensor, segment_ids: Tensor, labels: Tensor | None = None) -> Tensor | HeadLoss:
         """(B, T) ids and segments -> logits; with labels, the summed loss as well.
 
-        labels: (B,) class ids, (B,) float targets for the squared error, or, `per_token`, (B, T) tags with
-        IGNORE at the positions that carry none (special tokens, padding, a word's later pieces).
+        labels: (B,) class ids, (B,) float targets for the squared error, (B, C) 0/1 targets for "bce", or,
+        `per_token`, (B, T) tags with IGNORE at the positions that carry none (special tokens, padding, a word's
+        later pieces).
         """
         if self.per_token:
             hidden = self.bert.encode(input_ids, segment_ids)  # (B, T, d)
@@ -67,6 +70,9 @@ class BertClassifier(nn.Module):
             return logits
         if self.loss == "mse":
             loss = F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction="sum")
+        elif self.loss == "bce":  # per example the mean over its labels, as HF's mean over (B, C) once divided by B
+            per_label = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none")
+            loss = per_label.mean(-1).sum()
         elif self.per_token:
             flat = logits.float().reshape(-1, logits.size(-1))  # (B*T, C)
             loss = F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE, reduction="sum")

@@ -30,9 +30,10 @@ def residual_dtype(x: Tensor) -> Tensor:
     otherwise x unchanged.
 
     Autocast runs the matmuls in bf16 but leaves every sum x + sublayer(x) in fp32, where the fp32 embeddings
-    put it; then each linear layer casts its input to bf16 and backward casts each gradient back, about a fifth
-    of a CPU training step (BENCHMARKS.md). Started in bf16, the stream stays there: LayerNorm of a bf16 input
-    gives bf16 on a CPU (it accumulates in fp32), and so do the adds, as when decoding with bf16 weights.
+    put it; then each linear layer casts its input to bf16 and backward casts each gradient back, a large share
+    of a CPU training step (measured: docs/benchmarks/speed.md). Started in bf16, the stream stays there:
+    LayerNorm of a bf16 input gives bf16 on a CPU (it accumulates in fp32), and so do the adds, as when decoding
+    with bf16 weights.
     Weights, their gradients and the optimizer's states stay fp32. bf16 only: it has fp32's range, fp16 does
     not; and on a GPU autocast runs LayerNorm in fp32, so the stream would not stay bf16 there.
     """
@@ -45,14 +46,14 @@ def residual_dtype(x: Tensor) -> Tensor:
 class _CPUDropout(torch.autograd.Function):
     """Inverted dropout whose mask comes from 16-bit uniforms cut out of 64-bit random words.
 
-    On CPU, torch's bernoulli_ draws one random number per element (see BENCHMARKS.md for what it costs);
+    On CPU, torch's bernoulli_ draws one random number per element (its cost: docs/benchmarks/speed.md);
     one 64-bit word gives four 16-bit uniforms, so the mask costs a quarter of the draws.
     P(drop) = round(p * 65536) / 65536, within 1e-5 of p. The default generator is used, so seeding and
     checkpointed RNG states reproduce the masks exactly.
 
     The mask is written as 1s and 0s in x's dtype, not as bools: a product of a bf16 (or fp32) tensor with a bool
     one first converts the bools to a temporary of the tensor's dtype, once in forward and again in backward,
-    which made dropout take twice as long (BENCHMARKS.md).
+    which made dropout much slower (measured: docs/benchmarks/speed.md).
     """
 
     @staticmethod
@@ -154,8 +155,8 @@ def dropout_attention(q: Tensor, k: Tensor, v: Tensor, pad_mask: Tensor | None, 
     SDPA's CPU math kernel draws one random number per attention weight for its dropout (bernoulli_) and checks
     every row for all-masked keys; here the mask comes from `Dropout`'s 16-bit uniforms, and masked keys take
     the dtype's lowest finite score instead of -inf, so a row with no key to attend to (an empty row of a batch)
-    averages the values instead of making NaN, with no check. 30% less time than the math kernel for BERT's
-    attention at 128 tokens in bf16 (BENCHMARKS.md).
+    averages the values instead of making NaN, with no check. Faster than the math kernel for BERT's attention
+    (measured: docs/benchmarks/speed.md).
     """
     scores = torch.matmul(q * q.size(-1) ** -0.5, k.transpose(-2, -1))  # (B, H, T, S)
     lowest = torch.finfo(scores.dtype).min

@@ -20,7 +20,7 @@ from transformer_cli.core.buckets import bucket
 
 _CHUNK_ELEMENTS = 1 << 20  # rows per chunk such that an fp32 chunk is ~4 MB: cache friendly, few Python steps
 # Rows per chunk of the fused projection on CPU: a bf16 (chunk, V) output of ~4 MB, where the vocabulary matmul
-# ran fastest (BENCHMARKS.md, the Intel Xeon with AMX's section). A GPU gets one chunk: small matmuls waste it.
+# ran fastest (measured: docs/benchmarks/speed.md). A GPU gets one chunk: small matmuls waste it.
 _PROJECTION_CHUNK_ELEMENTS = 1 << 21
 IGNORE = -100  # target of a row that carries no loss
 ROW_MULTIPLE = 64  # see gather_rows

@@ -1,5 +1,6 @@
 """Parameter counts of a model: exact by component (from the real model, built on the meta device) and the
-closed-form formula behind them, which gives the same number for every configuration.
+closed-form formula behind them, which gives the same number for every configuration; and the model FLOPs of a
+training step, from the same per-layer counts.
 """
 
 from __future__ import annotations
@@ -145,6 +146,34 @@ def count_model(model: nn.Module, kind: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- closed-form formulas
 
 
+def encoder_layer_params(d: int, F: int) -> int:
+    """One encoder layer (BERT's too): self-attention 4d²+4d, FFN 2dF+F+d, two LayerNorms 4d."""
+    return (4 * d * d + 4 * d) + (2 * d * F + F + d) + 4 * d
+
+
+def decoder_layer_params(d: int, F: int) -> int:
+    """One decoder layer: self- and cross-attention 8d²+8d, FFN 2dF+F+d, three LayerNorms 6d."""
+    return (8 * d * d + 8 * d) + (2 * d * F + F + d) + 6 * d
+
+
+def cross_kv_params(d: int) -> int:
+    """The key and value projections of one decoder layer's cross-attention (weights and biases)."""
+    return 2 * d * d + 2 * d
+
+
+def _pooler_params(H: int) -> int:
+    return H * H + H
+
+
+def _mlm_transform_params(H: int) -> int:
+    """The MLM head before its (tied) decoder: dense H→H and a LayerNorm."""
+    return (H * H + H) + 2 * H
+
+
+def _nsp_params(H: int) -> int:
+    return 2 * H + 2
+
+
 @dataclass
 class Term:
     """One line of the formula: its symbols, the same with the config's numbers, and the value."""
@@ -173,10 +202,10 @@ def bert_formula(m: BertModelConfig, V: int) -> Formula:
     """BertForPreTraining = BertModel + heads, for any H, L, F, P (T = 2 segments)."""
     H, L, F, P, T = m.d_model, m.layers, m.ffn_dim, m.max_positions, 2
     emb = (V + P + T) * H + 2 * H
-    layer = (4 * H * H + 4 * H) + (2 * H * F + F + H) + 4 * H
+    layer = encoder_layer_params(H, F)
     final = 2 * H if m.norm == "pre" else 0
-    pooler = H * H + H
-    heads = (H * H + H) + 2 * H + V + (2 * H + 2)
+    pooler = _pooler_params(H)
+    heads = _mlm_transform_params(H) + V + _nsp_params(H)
     base = emb + L * layer + final + pooler
     terms = [
         Term("embeddings", "(V+P+T)·H + 2H", f"({V}+{P}+{T})·{H} + 2·{H}", emb),
@@ -218,8 +247,8 @@ def transformer_formula(m: TransformerConfig, Vs: int, Vt: int) -> Formula:
         out = Term("output projection", "0 (tied to target embeddings)", "0", 0)
     else:
         out = Term("output projection", "Vt·d (no bias)", f"{Vt}·{d}", Vt * d)
-    enc = (4 * d * d + 4 * d) + (2 * d * F + F + d) + 4 * d
-    dec = (8 * d * d + 8 * d) + (2 * d * F + F + d) + 6 * d
+    enc = encoder_layer_params(d, F)
+    dec = decoder_layer_params(d, F)
     final = 4 * d if m.norm == "pre" else 0
     parts = (emb.value, N * enc, M * dec, final, out.value)
     total = sum(parts)
@@ -241,3 +270,57 @@ def transformer_formula(m: TransformerConfig, Vs: int, Vt: int) -> Formula:
         "omits cross-attention (4d² per decoder layer), biases and LayerNorms"
     )
     return Formula(terms, total, note, (N + M) * 12 * d * d + rows * d, text, why, "total", total)
+
+
+# ----------------------------------------------------------------------------- model FLOPs of a training step
+#
+# Training FLOPs = 6 x (parameters a token passes through) x tokens + 12 x layers x d x attended length per token
+# (PaLM appendix B, Megatron-LM): a multiply-add is 2 FLOPs, the backward pass costs twice the forward; the
+# attention term is QK^T and AV, causal masks not halved. Embedding tables are lookups, not matmuls.
+
+
+def attention_train_flops(d: int, layers: int, attended: int, tokens: int) -> int:
+    """QK^T and AV, forward and backward, of `tokens` queries each attending to `attended` keys in `layers` layers."""
+    return 12 * layers * d * attended * tokens
+
+
+def translation_train_flops(
+    m: TransformerConfig, tgt_vocab: int, src_tokens: int, tgt_tokens: int, src_len: int, tgt_len: int
+) -> dict[str, int]:
+    """Model FLOPs of one training step (forward + backward) of the encoder-decoder.
+
+    Source tokens pass through the encoder layers and the decoder's cross-attention key/value projections (applied
+    once to the encoder output); target tokens through the rest of the decoder layers and the output projection
+    (Vt·d, applied to every target token whether or not it is tied to the embeddings). With equal source and target
+    tokens, a shared vocabulary, tied weights and post-norm, `dense` is 6 x the parameter count x tokens.
+    Returns {"dense", "attention", "total"}.
+    """
+    d, F, N, M = m.d_model, m.ffn_dim, m.enc_layers, m.dec_layers
+    enc = N * encoder_layer_params(d, F)
+    kv = M * cross_kv_params(d)
+    dec = M * decoder_layer_params(d, F) - kv
+    dense = 6 * ((enc + kv) * src_tokens + (dec + tgt_vocab * d) * tgt_tokens)
+    attention = attention_train_flops(d, N, src_len, src_tokens) + attention_train_flops(
+        d, M, tgt_len + src_len, tgt_tokens
+    )
+    return {"dense": dense, "attention": attention, "total": dense + attention}
+
+
+def bert_train_flops(
+    m: BertModelConfig, vocab: int, tokens: int, seq_len: int, masked: int, sequences: int
+) -> dict[str, int]:
+    """Model FLOPs of one BERT pretraining step (forward + backward): every token through the encoder layers, the
+    MLM head (transform, tied decoder V·H and its bias) at the masked positions only, as tcli computes it, the
+    pooler and NSP head once a sequence. Returns {"dense", "attention", "total"}."""
+    H, F, L = m.d_model, m.ffn_dim, m.layers
+    mlm_head = _mlm_transform_params(H) + vocab * H + vocab
+    pooler_nsp = _pooler_params(H) + _nsp_params(H)
+    dense = 6 * (L * encoder_layer_params(H, F) * tokens + mlm_head * masked + pooler_nsp * sequences)
+    attention = attention_train_flops(H, L, seq_len, tokens)
+    return {"dense": dense, "attention": attention, "total": dense + attention}
+
+
+def shorthand_train_flops(params: int, tokens: int, layers: int, d: int, seq_len: int) -> int:
+    """The common shorthand 6 N D + attention, N = all parameters: for BERT it charges the vocabulary projection
+    at every position, so it overstates the work."""
+    return 6 * params * tokens + attention_train_flops(d, layers, seq_len, tokens)

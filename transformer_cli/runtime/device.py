@@ -27,7 +27,7 @@ def keep_large_allocations_in_heap() -> bool:
     """glibc serves allocations above a threshold (at most 32 MB) with fresh mmap'd pages, which the kernel
     zero-fills on first touch; a training step allocates and frees several such tensors (the vocabulary-
     sized logits and softmax among them), paying those page faults every step. A fixed 1 GB threshold
-    keeps them in the heap for reuse (measured: +7% translation throughput on 2 CPU cores). Linux/glibc
+    keeps them in the heap for reuse (measured: docs/benchmarks/speed.md). Linux/glibc
     only, and only when glibc's malloc serves the process (not under mimalloc: malloc.py); elsewhere this
     does nothing."""
     if not sys.platform.startswith("linux") or malloc.in_use() != "system":
@@ -171,7 +171,7 @@ class Runtime:
             stack.enter_context(torch.autocast(self.device.type, dtype=self.autocast_dtype))
         if self.device.type == "cpu":
             # At the short sequence lengths of translation and BERT-small, the CPU flash kernel's
-            # block overhead loses to plain matmul + softmax (see BENCHMARKS.md); and the math kernel
+            # block overhead loses to plain matmul + softmax (measured: docs/benchmarks/speed.md); and the math kernel
             # need not copy bf16 queries/keys/values to fp32 first (its softmax accumulates in fp32).
             from torch.nn.attention import SDPBackend, sdpa_kernel
 

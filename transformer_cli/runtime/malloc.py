@@ -3,12 +3,12 @@
 glibc's malloc, with the thresholds tcli sets (`runtime.keep_large_allocations_in_heap`), keeps a training
 step's large temporaries in its heap for reuse, but the heap fragments: each validation's beam search leaves
 gaps that the next steps' tensors do not fit, and the resident memory of a translation run climbs with every
-validation while the memory in use stays flat (BENCHMARKS.md, "Memory"). mimalloc serves each size class
-from pages of its own: under it the same run stays flat, and trains faster (+2% on an AMD EPYC, +20% on an
-Intel Xeon with AMX). BERT pretraining, whose memory glibc keeps flat, trains 5% slower under mimalloc on the
-EPYC but 17% faster on the Xeon with AMX, and fine-tuning 3% faster there with less memory; so `tcli train`
-(translation, validated with beam search) runs under mimalloc on every CPU, and BERT pretraining and
-fine-tuning (`pretrain-bert`, `finetune`, `glue`) on CPUs with AMX. A process chooses its allocator when it
+validation while the memory in use stays flat. mimalloc serves each size class from pages of its own: under it
+the same run stays flat, and trains faster on every CPU measured. BERT pretraining, whose memory glibc keeps flat,
+trains slower under mimalloc on an AVX-512 BF16 EPYC but faster on a Xeon with AMX, and fine-tuning faster there
+with less memory (measured: docs/benchmarks/speed.md, "Memory"); so `tcli train` (translation, validated with
+beam search) runs under mimalloc on every CPU, and BERT pretraining and fine-tuning (`pretrain-bert`, `finetune`,
+`glue`) on CPUs with AMX. A process chooses its allocator when it
 starts, so such a command starts itself once more, same pid, arguments and standard streams, with mimalloc in
 `LD_PRELOAD` (Linux; the `cmeel-mimalloc` wheel, a dependency there). `TCLI_MALLOC=system` keeps the C
 library's malloc, and an allocator the user preloads is left alone.
@@ -29,7 +29,7 @@ CHOICE = "TCLI_MALLOC"  # auto (default): mimalloc where installed; system: the 
 STARTED = "TCLI_MALLOC_STARTED"  # set in the started process, which does not start itself again
 # By default mimalloc hands pages that stayed free past a short delay back to the OS (purging); a training step
 # frees its large tensors and allocates the same sizes again soon after, and a purged page is faulted in again,
-# zero-filled (BENCHMARKS.md, "Memory": translation training 9% slower with purging). Kept, they are reused,
+# zero-filled, which slows translation training (measured: docs/benchmarks/speed.md). Kept, they are reused,
 # and the resident memory is what the largest step and validation need, which does not grow.
 MIMALLOC_SETTINGS = {"MIMALLOC_PURGE_DELAY": "-1"}
 _PRELOADED = ("mimalloc", "jemalloc", "tcmalloc")  # allocators a user may have preloaded

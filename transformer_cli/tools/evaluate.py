@@ -32,13 +32,15 @@ def run_evaluate(
     device: str = "auto",
     precision: str | None = None,
     as_json: bool = False,
+    bleu_tokenize: str | None = None,
 ) -> dict[str, Any]:
     """`tcli evaluate`: score a checkpoint on a split of its data or on given files, with the functions
     training evaluates with (translation/validation.py, bert/validation.py), and print the result (text or one
     JSON line).
 
     The precision defaults to the checkpoint's train.precision and the weights stay fp32 under autocast,
-    as during training, so the numbers equal the training-time evaluation of the same weights.
+    as during training, so the numbers equal the training-time evaluation of the same weights. BLEU uses
+    `bleu_tokenize` (`auto` or a sacreBLEU tokenizer), by default the checkpoint's eval.bleu_tokenize.
     """
     import torch
 
@@ -53,14 +55,19 @@ def run_evaluate(
             "and --reference to score other files)"
         )
     ckpt = read_checkpoint(checkpoint)
-    if ckpt.kind != "translation" and (reference is not None or beam is not None or lenpen is not None):
+    translation_only = (reference, beam, lenpen, bleu_tokenize)
+    if ckpt.kind != "translation" and any(option is not None for option in translation_only):
         what = "a BERT" if ckpt.kind == "bert" else "a fine-tuned"
-        raise UserError(f"{checkpoint} is {what} checkpoint: --reference, --beam and --lenpen are for translation")
+        raise UserError(
+            f"{checkpoint} is {what} checkpoint: --reference, --beam, --lenpen and --bleu-tokenize are for translation"
+        )
     runtime = Runtime.create(device, precision or ckpt.cfg.train.precision)
     model = ckpt.build_model().to(runtime.device).eval()
     with torch.inference_mode():
         if ckpt.kind == "translation":
-            result = _evaluate_translation(ckpt, model, runtime, split, input_path, reference, data_dir, beam, lenpen)
+            result = _evaluate_translation(
+                ckpt, model, runtime, split, input_path, reference, data_dir, beam, lenpen, bleu_tokenize
+            )
         elif ckpt.kind == "finetune":
             result = _evaluate_finetuned(ckpt, model, runtime, split, input_path, data_dir)
         else:
@@ -87,15 +94,16 @@ def _evaluate_translation(
     data_dir: Path | None,
     beam: int | None,
     lenpen: float | None,
+    bleu_tokenize: str | None,
 ) -> dict[str, Any]:
-    from transformer_cli.data.translation import encode_parallel, read_parallel, split_paths
-    from transformer_cli.metrics.bleu import translation_scores
+    from transformer_cli.data.translation import data_columns, data_paths, encode_parallel, read_parallel, read_tsv
+    from transformer_cli.metrics.bleu import translation_scores, usable_tokenizer
     from transformer_cli.translation.validation import eval_decode_options, translate_texts, translation_nll
 
     cfg = ckpt.cfg
     if split is not None:
-        src_path, ref_path = split_paths(data_dir or cfg.data.dir, split, cfg.data.src_lang, cfg.data.tgt_lang)
-        for path in (src_path, ref_path):
+        src_path, ref_path = data_paths(cfg.data, split, data_dir)
+        for path in dict.fromkeys((src_path, ref_path)):
             check_file(
                 path,
                 f"--split {split}: {path} {{what}} (the checkpoint's data.dir is {cfg.data.dir}; "
@@ -105,12 +113,15 @@ def _evaluate_translation(
         raise UserError("--input needs --reference (the translations to score against)")
     else:
         src_path, ref_path = input_path, reference
-    lines = read_parallel(src_path, ref_path)
+    where = "--bleu-tokenize" if bleu_tokenize is not None else f"{ckpt.path}'s eval.bleu_tokenize"
+    tokenize = usable_tokenizer(bleu_tokenize or cfg.eval.bleu_tokenize, cfg.data.tgt_lang, where)
+    columns = data_columns(cfg.data) if split is not None else None
+    lines = read_tsv(src_path, columns) if columns is not None else read_parallel(src_path, ref_path)
     data = encode_parallel(
         *lines,
         *ckpt.vocabs,
         max_len=cfg.model.max_positions - 2,
-        split=f"{src_path} and {ref_path}",
+        split=str(src_path) if columns is not None else f"{src_path} and {ref_path}",
         limit=f"the model's positions: model.max_positions {cfg.model.max_positions} - 2",
     )
     opts = dataclasses.replace(
@@ -122,7 +133,7 @@ def _evaluate_translation(
     hyps = translate_texts(
         model, data.src, opts, ckpt.vocabs[1], runtime.device, runtime.context, runtime.kernel_per_shape
     )
-    scores = translation_scores(hyps, data.tgt_text)
+    scores = translation_scores(hyps, data.tgt_text, tokenize)
     return {
         "data": split if split is not None else str(src_path),
         "sentences": len(data),
@@ -267,7 +278,8 @@ def _labelled_examples(
         if glue is not None:  # a file with the GLUE task's own column names (CoLA's, unnamed: sentence, label)
             text, label = (c if isinstance(c, str) else n for c, n in ((glue.text, d.text), (glue.label, d.label)))
             pair = glue.pair if isinstance(glue.pair, str) else None
-        examples = read_task_table(path, glue, text, pair, label, meta.task_kind.label_form)
+        form = meta.task_kind.label_form
+        examples = read_task_table(path, glue, text, pair, label, form, d.columns, d.label_separator)
         unlabelled = next((ex for ex in examples if ex.label is None), None)
     if not examples:
         raise UserError(f"{path}: no examples to score")

@@ -99,7 +99,7 @@ def _rows(events: list[dict[str, Any]]) -> list[tuple[str, list[tuple[str, np.nd
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     """Draw the run's curves into `out` (default `<run_dir>/curves.png`; a name without an extension is a PNG
     under that very name), atomically; returns the path."""
-    from transformer_cli.core.figures import require_matplotlib
+    from transformer_cli.core.figures import require_matplotlib, text_fonts
 
     figure_module = require_matplotlib()
     if out is None:
@@ -114,8 +114,22 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     rows = _rows(events)
     if not rows:
         raise UserError(f"{run_dir / 'metrics.jsonl'} holds no finite values of a plotted metric; nothing to plot")
+    with text_fonts([run_dir.name]):
+        draw_curves(figure_module, run_dir.name, rows, known_steps, known_seconds, out)
+    return out
+
+
+def draw_curves(
+    figure_module: Any,
+    name: str,
+    rows: list[tuple[str, list[tuple[str, np.ndarray, np.ndarray]]]],
+    known_steps: np.ndarray,
+    known_seconds: np.ndarray,
+    out: Path,
+) -> None:
+    """The figure of `plot_run`: a row per metric, by update step and by wall time, saved to `out`."""
     fig = figure_module.Figure(figsize=(12, 2.6 * len(rows) + 0.6), layout="constrained")
-    fig.suptitle(f"{printable(run_dir.name)}: metrics.jsonl", fontsize=12)
+    fig.suptitle(f"{printable(name)}: metrics.jsonl", fontsize=12)
     axes = fig.subplots(len(rows), 2, squeeze=False)
     for (title, found), (by_step, by_time) in zip(rows, axes):
         for label, steps, values in found:
@@ -132,4 +146,3 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
                 ax.legend(fontsize=8)
     axes[0, 1].set_title("train points: wall time interpolated between eval/end events", fontsize=9)
     save_figure(fig, out, dpi=100)
-    return out

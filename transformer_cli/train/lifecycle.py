@@ -41,6 +41,10 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def check_resume_config(stored: dict[str, Any], new: dict[str, Any], path: Path) -> None:
     """Refuse a resume whose config changes anything but SAFE_ON_RESUME, naming the key and both values."""
     old, now = flatten(stored), flatten(new)
+    if now.get("vocab.character_coverage") == "auto" and isinstance(old.get("vocab.character_coverage"), (int, float)):
+        # A run from before `auto` stored the old default 1.0, or a number auto stands for: a resume takes the
+        # checkpoint's vocabulary, made from the same training text (the resume checks its hash).
+        old["vocab.character_coverage"] = "auto"
     changed = [k for k in now if old.get(k, now[k]) != now[k] and k not in SAFE_ON_RESUME]
     if changed:
         key = changed[0]

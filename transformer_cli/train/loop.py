@@ -234,10 +234,11 @@ class Trainer:
     logs and writes checkpoints (of the unwrapped model).
     """
 
-    def __init__(self, task: Task, cfg: TrainConfig, run_dir: Path, runtime: Runtime, quiet: bool = False):
+    def __init__(self, task: Task, cfg: TrainConfig, run_dir: Path | None, runtime: Runtime, quiet: bool = False):
+        """`run_dir` None: a trainer that only takes `update()`s (nothing is written); `run()` needs one."""
         self.task, self.cfg, self.run_dir, self.runtime = task, cfg, run_dir, runtime
         self.quiet = quiet or not runtime.is_main
-        self.ckpt_dir = run_dir / "checkpoints"
+        self.ckpt_dir = None if run_dir is None else run_dir / "checkpoints"
         self.model = task.model.to(runtime.device)
         self.optimizer = build_optimizer(self.model, cfg, runtime.device)
         steps_per_epoch = math.ceil(len(task.epoch_batches(0)) / cfg.accum_steps)
@@ -288,6 +289,8 @@ class Trainer:
         `finished` (why the restored run has nothing left to train) skips straight to the end: a run killed
         during its final test evaluation ends exactly as an uninterrupted one would.
         """
+        if self.run_dir is None:
+            raise ValueError("Trainer.run() needs a run directory (a trainer built without one only takes update())")
         state = self.state
         self.metrics = MetricsLog(self.run_dir, resume_step=state.step or None, enabled=self.runtime.is_main)
         try:
@@ -455,6 +458,13 @@ class Trainer:
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
                 self.scheduler.step()
         return grad_norm, finite
+
+    def update(self, batches: list[Any]) -> dict[str, Tensor]:
+        """`train_step` on the caller's own batches, outside `run()`: no step count, log or checkpoint.
+        Returns the update's mean losses by key, as tensors (no host sync). scripts/gpu_measure.py times it."""
+        interval = _Interval()
+        self.train_step(self.model, batches, interval)
+        return {key: total / max(count, 1) for key, (total, count) in interval.sums.items()}
 
     def _after_step(self, signalled: bool, out_of_time: bool) -> str | None:
         """Evaluate / save on schedule; return why training stops now, or None."""

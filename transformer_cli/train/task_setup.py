@@ -124,8 +124,10 @@ def check_preprocessed(manifest: Manifest, settings: dict[str, Any], vocab: Voca
                 f"data.{key} is {value!r} in the config but {manifest.folder} was preprocessed with "
                 f"{found.get(key)!r}; use the config it was made with, or preprocess again"
             )
-    wanted = vocab_settings("", vocab, 0, "")["vocab"]
     built = manifest.data["vocab_settings"]["vocab"]
+    # auto was resolved from the folder's own text (or its languages, which data_settings checks above)
+    coverage = built.get("character_coverage") if vocab.character_coverage == "auto" else vocab.character_coverage
+    wanted = vocab_settings("", vocab, 0, "", coverage)["vocab"]
     for key, value in wanted.items():
         if built.get(key) != value:
             raise UserError(
@@ -135,9 +137,13 @@ def check_preprocessed(manifest: Manifest, settings: dict[str, Any], vocab: Voca
             )
 
 
-def vocab_settings(kind: str, v: VocabConfig, seed: int, data: str) -> dict[str, Any]:
-    """What a vocabulary was built from: its settings and data, or the hash of the user's own model."""
+def vocab_settings(kind: str, v: VocabConfig, seed: int, data: str, coverage: float | None) -> dict[str, Any]:
+    """What a vocabulary was built from: its settings and data, or the hash of the user's own model.
+    `coverage`: vocab.character_coverage resolved (auto is recorded as the number it stood for)."""
     settings = v.model_dump(mode="json")
+    settings["character_coverage"] = coverage
+    if not v.split_cjk:  # the settings of vocabularies made before the key existed
+        del settings["split_cjk"]
     if v.model is not None:
         settings["model"] = describe_file(Path(v.model))["sha256"] if Path(v.model).is_file() else v.model
     return {"kind": kind, "vocab": settings, "seed": seed, "data": data}

@@ -22,12 +22,12 @@ from transformer_cli.runtime.cpu import has_amx
 
 # Sizes per doubling of the active sentence count. Each count a shrinking batch passes through brings its own
 # matmul shapes (projections, and attention with every cache length and source width), compiled once each by
-# oneDNN on CPUs with bf16; 4 a doubling instead of buckets.STEPS' 8 cuts a test set's kernel creations by a
-# quarter at no measured cost in speed, 2 by half at a small one (BENCHMARKS.md, "Memory").
+# oneDNN on CPUs with bf16; 4 a doubling instead of buckets.STEPS' 8 cuts a test set's kernel creations at no
+# measured cost in speed, 2 cut more at some cost (measured: docs/benchmarks/speed.md, "Memory").
 BEAM_STEPS = 4
 # Below this many active sentences the sizes are the powers of two (1, 2, 4, 8, 16 instead of 1-8, 10, 12, 14, 16): a
 # batch's tail passes through few sizes, each with its own kernels, and a step with so few rows costs its overhead
-# more than its rows (BENCHMARKS.md, the Xeon's section: 40% fewer kernels after warm-up, no slower).
+# more than its rows: fewer kernels after warm-up, no slower (measured: docs/benchmarks/machines/intel-xeon-amx.md).
 SMALL = 16
 
 
@@ -83,9 +83,9 @@ def step_memory_dtype(device: torch.device) -> torch.dtype | None:
 
     fp32 on a CPU without AMX. A half-precision batched matmul goes through oneDNN there, which compiles a kernel
     for every shape, and the source width times the sentence count makes many. fp32 goes through MKL, which
-    compiles none, and is as fast at these few queries per sentence (AVX-512 BF16 EPYC). With AMX, bf16 steps
-    decode 6% faster even with their kernels (BENCHMARKS.md, "Memory" and the Xeon's section), so there, and on
-    GPUs, the model's dtype."""
+    compiles none, and is as fast at these few queries per sentence. With AMX, bf16 steps decode faster even with
+    their kernels (measured: docs/benchmarks/speed.md, "Memory", and docs/benchmarks/machines/intel-xeon-amx.md),
+    so there, and on GPUs, the model's dtype."""
     return torch.float32 if device.type == "cpu" and not has_amx() else None
 
 

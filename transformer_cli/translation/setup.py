@@ -12,12 +12,27 @@ from typing import TYPE_CHECKING, Any
 from transformer_cli.config import TranslationRunConfig
 from transformer_cli.core.console import say
 from transformer_cli.core.errors import UserError
-from transformer_cli.core.text import LineIndex, fingerprint, stream_lines
-from transformer_cli.data.shards import Manifest, lines_of, reservoir
-from transformer_cli.data.translation import ShardedPairs, SplitFiles, index_pair, preprocess_parallel, split_paths
+from transformer_cli.core.text import LineIndex, fingerprint
+from transformer_cli.data.shards import Manifest, reservoir
+from transformer_cli.data.translation import (
+    ShardedPairs,
+    SplitFiles,
+    data_columns,
+    data_paths,
+    index_pair,
+    preprocess_parallel,
+)
+from transformer_cli.metrics.bleu import usable_tokenizer
 from transformer_cli.train.lifecycle import run_training
 from transformer_cli.train.task_setup import SetupBase, vocab_settings
-from transformer_cli.vocab.spm import Vocab, check_translation_vocab, load_model_file, train_vocab
+from transformer_cli.vocab.spm import (
+    Vocab,
+    check_translation_vocab,
+    head_lines,
+    load_model_file,
+    resolve_coverage,
+    train_vocab,
+)
 
 if TYPE_CHECKING:
     from transformer_cli.checkpoint import Checkpoint
@@ -36,6 +51,7 @@ class TranslationSetup(SetupBase):
         self._fingerprint: str | None = None
         self.given_vocab: Vocab | None = None  # vocab.model, read by read_data
         self._indexes: dict[str, tuple[LineIndex, LineIndex]] = {}  # the text files' blocks, found by read_data
+        self._coverage: float | None = None
 
     def split_names(self) -> list[str]:
         return [split.name for split in self.split_files()]
@@ -47,10 +63,7 @@ class TranslationSetup(SetupBase):
         names = [d.train, d.valid] + ([d.test] if d.test else [])
         return [
             SplitFiles(
-                name,
-                *split_paths(d.dir, name, d.src_lang, d.tgt_lang),
-                d.max_len if name == d.train else None,
-                name != d.train,
+                name, *data_paths(d, name), d.max_len if name == d.train else None, name != d.train, data_columns(d)
             )
             for name in dict.fromkeys(names)
         ]
@@ -65,7 +78,9 @@ class TranslationSetup(SetupBase):
             return
         train = hashlib.sha256()  # the data fingerprint (text.fingerprint of the training files), in the same read
         self._indexes = {
-            split.name: index_pair(split.src, split.tgt, also=train if split.name == self.cfg.data.train else None)
+            split.name: index_pair(
+                split.src, split.tgt, also=train if split.name == self.cfg.data.train else None, columns=split.columns
+            )
             for split in self.split_files()
         }
         self._fingerprint = train.hexdigest()
@@ -81,7 +96,7 @@ class TranslationSetup(SetupBase):
 
     def data_settings(self) -> dict[str, Any]:
         d = self.cfg.data
-        return {
+        settings = {
             "src_lang": d.src_lang,
             "tgt_lang": d.tgt_lang,
             "train": d.train,
@@ -89,13 +104,15 @@ class TranslationSetup(SetupBase):
             "test": d.test,
             "max_len": d.max_len,
         }
+        if d.format == "tsv":  # (only then: a folder preprocessed from text files before these keys still matches)
+            settings.update(format=d.format, src_column=d.src_column, tgt_column=d.tgt_column)
+        return settings
 
     def source_files(self) -> list[Path]:
-        return [p for s in self.split_files() for p in (s.src, s.tgt)]
+        return list(dict.fromkeys(p for s in self.split_files() for p in (s.src, s.tgt)))
 
     def valid_names(self) -> list[str]:
-        d = self.cfg.data
-        return [p.name for p in split_paths(d.dir, d.valid, d.src_lang, d.tgt_lang)]
+        return [p.name for p in dict.fromkeys(data_paths(self.cfg.data, self.cfg.data.valid))]
 
     def data_fingerprint(self) -> str:
         if self._fingerprint is None:
@@ -103,8 +120,7 @@ class TranslationSetup(SetupBase):
             if manifest is not None:
                 self._fingerprint = manifest.data["data_fingerprint"]
             else:
-                d = self.cfg.data
-                self._fingerprint = fingerprint(list(split_paths(d.dir, d.train, d.src_lang, d.tgt_lang)))
+                self._fingerprint = fingerprint(list(dict.fromkeys(data_paths(self.cfg.data, self.cfg.data.train))))
         return self._fingerprint
 
     def count_parameters(self) -> tuple[int, int]:
@@ -117,7 +133,20 @@ class TranslationSetup(SetupBase):
         return ["joint"] if self.cfg.vocab.joint else ["src", "tgt"]
 
     def vocab_settings(self) -> dict[str, Any]:
-        return vocab_settings(self.kind, self.cfg.vocab, self.cfg.train.seed, self.data_fingerprint())
+        return vocab_settings(self.kind, self.cfg.vocab, self.cfg.train.seed, self.data_fingerprint(), self.coverage())
+
+    def coverage(self) -> float:
+        """vocab.character_coverage, auto resolved from the languages or the training text (a preprocessed
+        folder's: the value it was made with)."""
+        if self._coverage is None:
+            v, d, manifest = self.cfg.vocab, self.cfg.data, self.preprocessed()
+            if v.character_coverage == "auto" and manifest is not None:
+                self._coverage = manifest.data["vocab_settings"]["vocab"].get("character_coverage", 1.0)
+            else:
+                train = self.split_files()[0]
+                text = head_lines([train.src, train.tgt])
+                self._coverage = resolve_coverage(v.character_coverage, [d.src_lang, d.tgt_lang], text)
+        return self._coverage
 
     def train_vocabs(self, quiet: bool) -> list[Vocab]:
         manifest, v = self.preprocessed(), self.cfg.vocab
@@ -126,25 +155,26 @@ class TranslationSetup(SetupBase):
         if v.model is not None:
             return [self.given_vocab]
         train = self.split_files()[0]
-        corpora = [[train.src, train.tgt]] if v.joint else [[train.src], [train.tgt]]
+        corpora = [["src", "tgt"]] if v.joint else [["src"], ["tgt"]]
         vocabs = []
-        for name, paths in zip(self.vocab_files(), corpora):
+        for name, sides in zip(self.vocab_files(), corpora):
             say(
                 quiet,
                 f"training the {name} sentencepiece vocabulary ({v.type}, up to {v.size} pieces, on at most "
                 f"{v.max_sentences:,} lines)",
             )
-            lines = itertools.chain.from_iterable(lines_of(stream_lines(p)) for p in paths)
+            lines = itertools.chain.from_iterable(train.side_lines(side) for side in sides)
             sample = reservoir(lines, v.max_sentences, self.cfg.train.seed)
             vocabs.append(
                 train_vocab(
                     sample,
                     v.size,
                     v.type,
-                    v.character_coverage,
+                    self.coverage(),
                     v.max_sentences,
                     self.cfg.train.seed,
                     source=f"the {train.name} split",
+                    split_cjk=v.split_cjk,
                 )
             )
         return vocabs
@@ -185,4 +215,6 @@ def train_translation(
     cfg: TranslationRunConfig, run_dir: Path, device: str = "auto", resume: bool = False, quiet: bool = False
 ) -> dict[str, Any]:
     """`tcli train`: everything from raw text to best.pt; returns the end event."""
+    if cfg.eval.bleu or cfg.data.test:  # a tokenizer that cannot run is said now, not at the first validation
+        usable_tokenizer(cfg.eval.bleu_tokenize, cfg.data.tgt_lang, "eval.bleu_tokenize")
     return run_training(TranslationSetup(cfg), cfg, run_dir, device, resume, quiet)

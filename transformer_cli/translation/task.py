@@ -14,7 +14,7 @@ from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.config import TranslationRunConfig
 from transformer_cli.core.console import say
 from transformer_cli.data.translation import Batch, BatchPlan, ParallelData, ShardedPairs, token_batches
-from transformer_cli.metrics.bleu import translation_scores
+from transformer_cli.metrics.bleu import resolve_tokenizer, translation_scores
 from transformer_cli.runtime.device import Runtime
 from transformer_cli.translation.validation import eval_decode_options, translate_texts, translation_validation
 from transformer_cli.vocab.spm import Vocab
@@ -40,6 +40,7 @@ class TranslationTask:
         self.train, self.valid, self.test = train, valid, test
         self.data_fingerprint = data_fingerprint
         self.best_metric, self.best_mode = ("bleu", "max") if cfg.eval.bleu else ("valid_loss", "min")
+        self.bleu_tokenize = resolve_tokenizer(cfg.eval.bleu_tokenize, cfg.data.tgt_lang)
 
     def epoch_batches(self, epoch: int) -> BatchPlan:
         t = self.cfg.train
@@ -67,6 +68,7 @@ class TranslationTask:
             self.cfg.train.max_tokens,
             self.cfg.train.pad_to_multiple,
             eval_decode_options(self.cfg.eval) if self.cfg.eval.bleu else None,
+            self.bleu_tokenize,
             runtime.device,
             runtime.context,
             runtime.kernel_per_shape,
@@ -92,7 +94,7 @@ class TranslationTask:
             self.model.eval()
             with torch.inference_mode():
                 hyps = self.translate(self.model, runtime, self.test)
-            scores = translation_scores(hyps, self.test.references())
+            scores = translation_scores(hyps, self.test.references(), self.bleu_tokenize)
             say(False, f"test ({self.cfg.data.test}, {name}): " + " | ".join(scores.lines()))
             reports.append(
                 {

@@ -22,6 +22,7 @@ from transformer_cli.checkpoint import read_checkpoint
 from transformer_cli.core.errors import UserError
 from transformer_cli.core.streams import check_outputs, chunks, first_chunk, open_input, writer
 from transformer_cli.core.text import LineReader, read_lines
+from transformer_cli.metrics.bleu import OLD_DEFAULT, translation_scores, usable_tokenizer
 from transformer_cli.models.transformer import Transformer
 from transformer_cli.runtime.device import Runtime
 from transformer_cli.translation.decode import DecodeOptions, decode_corpus
@@ -34,6 +35,8 @@ class Translator:
     src_vocab: Vocab
     tgt_vocab: Vocab
     runtime: Runtime
+    bleu_tokenize: str = OLD_DEFAULT  # the checkpoint's eval.bleu_tokenize (old checkpoints: 13a)
+    tgt_lang: str = "tgt"  # its data.tgt_lang, which `auto` reads
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "auto") -> Translator:
@@ -44,7 +47,8 @@ class Translator:
         # Inference needs no fp32 master weights: in bf16/fp16 the weights (and the positions table) are
         # converted once, so no activation or cache is cast back and forth at every decoding step.
         dtype = runtime.autocast_dtype or torch.float32
-        return cls(model.to(runtime.device, dtype).eval(), src_vocab, tgt_vocab, runtime)
+        e, d = ckpt.cfg.eval, ckpt.cfg.data
+        return cls(model.to(runtime.device, dtype).eval(), src_vocab, tgt_vocab, runtime, e.bleu_tokenize, d.tgt_lang)
 
     @property
     def max_source_pieces(self) -> int:
@@ -119,9 +123,11 @@ def run_translate(
     quiet: bool = False,
     stats_json: Path | None = None,
     inspect: InspectOptions | None = None,
+    bleu_tokenize: str | None = None,
 ) -> dict:
     """Translate as the input streams in, print scores against a reference and speed statistics (stderr).
-    `inspect` adds attention heatmaps and/or printed alignments of the chosen hypotheses."""
+    `inspect` adds attention heatmaps and/or printed alignments of the chosen hypotheses. BLEU against the
+    reference uses `bleu_tokenize` (`auto` or a sacreBLEU tokenizer), by default the checkpoint's."""
     check_outputs(
         [("--output", output), ("--stats-json", stats_json)],
         [("--checkpoint", checkpoint), ("--input", input_path), ("--reference", reference)],
@@ -137,6 +143,10 @@ def run_translate(
     with ExitStack() as stack:
         lines = stack.enter_context(open_input(input_path, sys.stdin))
         translator = Translator.from_checkpoint(checkpoint, device, precision)
+        tokenize = None
+        if refs is not None:  # before the translating: a tokenizer that cannot run wastes none of it
+            where = "--bleu-tokenize" if bleu_tokenize is not None else f"{checkpoint}'s eval.bleu_tokenize"
+            tokenize = usable_tokenizer(bleu_tokenize or translator.bleu_tokenize, translator.tgt_lang, where)
         layer = None
         if inspect.print_alignment:
             from transformer_cli.translation.attention import resolve_layer
@@ -159,11 +169,10 @@ def run_translate(
         "precision": translator.runtime.precision,
     }
     score_lines: list[str] = []
-    if refs is not None:
-        from transformer_cli.metrics.bleu import translation_scores
-
-        scores = translation_scores(done.best, refs)
+    if tokenize is not None:
+        scores = translation_scores(done.best, refs, tokenize)
         stats.update(bleu=round(scores.bleu, 2), bleu_lc=round(scores.bleu_lc, 2), chrf=round(scores.chrf, 2))
+        stats.update(bleu_signature=scores.bleu_signature)
         score_lines = scores.lines()
     # The files first, the report after: a file that cannot be written (--stats-json /dev/full) is the one line on
     # stderr, not a line after the report.

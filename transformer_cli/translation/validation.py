@@ -83,17 +83,19 @@ def translation_validation(
     max_tokens: int,
     multiple: int,
     opts: DecodeOptions | None,
+    bleu_tokenize: str,
     device: torch.device,
     context: Callable,
     bucketed: bool = False,
 ) -> dict[str, float]:
     """The eval event of a translation run: valid_loss (per-token NLL), valid_ppl and, when `opts` is
-    given, sacreBLEU (cased) of beam-search output against the raw references (`bucketed`: `decode_corpus`'s)."""
+    given, sacreBLEU (cased, with the `bleu_tokenize` tokenizer) of beam-search output against the raw
+    references (`bucketed`: `decode_corpus`'s)."""
     from transformer_cli.metrics.bleu import bleu
 
     result = translation_nll(model, data, max_tokens, device, context, multiple)
     metrics = {"valid_loss": result.loss, "valid_ppl": result.ppl}
     if opts is not None:
         hyps = translate_texts(model, data.src, opts, tgt_vocab, device, context, bucketed)
-        metrics["bleu"] = bleu(hyps, data.references())[0]
+        metrics["bleu"] = bleu(hyps, data.references(), bleu_tokenize)[0]
     return metrics

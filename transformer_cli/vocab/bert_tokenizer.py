@@ -130,28 +130,25 @@ class BertTokenizer:
 
 
 def tokenizer_of_hf_folder(folder: Path) -> BertTokenizer:
-    """The folder's own tokenizer: tokenizer.json if there, else its WordPiece vocab.txt with the settings of
-    tokenizer_config.json (do_lower_case, strip_accents, tokenize_chinese_chars, as HF's BertTokenizerFast)."""
+    """The folder's own tokenizer, as transformers' AutoTokenizer loads it: tokenizer.json if there, else its
+    WordPiece vocab.txt, with the settings of tokenizer_config.json (do_lower_case, strip_accents,
+    tokenize_chinese_chars, and BertTokenizerFast's defaults where it leaves them out). A BERT tokenizer.json
+    takes them too: BertTokenizerFast sets its BertNormalizer from them, whatever tokenizer.json says."""
+    config = folder / "tokenizer_config.json"
+    settings = _json_object(config) if config.is_file() else {}
     path = folder / "tokenizer.json"
     if path.is_file():
-        return BertTokenizer("hf", path.read_bytes(), str(path))
+        data = path.read_bytes()
+        if _bert_tokenizer_class(folder, settings):
+            data = _with_normalizer_flags(data, _flags(settings, config), str(path))
+        return BertTokenizer("hf", data, str(path))
     vocab = folder / "vocab.txt"
     if not vocab.is_file():
         raise UserError(
             f"{folder}: no tokenizer.json or vocab.txt; fine-tuning needs the model's own tokenizer "
             "(a folder written by tcli export-hf, or a BERT folder with its WordPiece vocab.txt)"
         )
-    config = folder / "tokenizer_config.json"
-    settings = _json_object(config) if config.is_file() else {}
-    flags = {}
-    for key, default in (("do_lower_case", True), ("strip_accents", None), ("tokenize_chinese_chars", True)):
-        value = settings.get(key, default)
-        if not (isinstance(value, bool) or (value is None and default is None)):  # as transformers refuses them
-            raise UserError(
-                f"{config}: {key} is {str(value)[:40]!r}; it must be true or false"
-                f"{' (or null)' if default is None else ''}"
-            )
-        flags[key] = value
+    flags = _flags(settings, config)
     try:
         wordpiece = _tokenizers().implementations.BertWordPieceTokenizer(
             str(vocab),
@@ -163,6 +160,52 @@ def tokenizer_of_hf_folder(folder: Path) -> BertTokenizer:
     except Exception as e:  # tokenizers raises its own types for a vocabulary it cannot read or use
         raise UserError(f"{vocab}: not a usable WordPiece vocabulary ({str(e).splitlines()[0][:120]})") from None
     return BertTokenizer("hf", wordpiece.to_str().encode("utf-8"), str(vocab))
+
+
+# BertTokenizerFast's settings of its BertNormalizer and their defaults (strip_accents None: as do_lower_case)
+BERT_FLAGS = (("do_lower_case", True), ("strip_accents", None), ("tokenize_chinese_chars", True))
+
+
+def _flags(settings: dict, config: Path) -> dict[str, bool | None]:
+    flags = {}
+    for key, default in BERT_FLAGS:
+        value = settings.get(key, default)
+        if not (isinstance(value, bool) or (value is None and default is None)):  # as transformers refuses them
+            raise UserError(
+                f"{config}: {key} is {str(value)[:40]!r}; it must be true or false"
+                f"{' (or null)' if default is None else ''}"
+            )
+        flags[key] = value
+    return flags
+
+
+def _bert_tokenizer_class(folder: Path, settings: dict) -> bool:
+    """Whether AutoTokenizer makes a BertTokenizer(Fast) of the folder: tokenizer_config.json names that class,
+    or names none and config.json is a BERT's (tcli export-hf names PreTrainedTokenizerFast)."""
+    named = settings.get("tokenizer_class")
+    if named is not None:
+        return named in ("BertTokenizer", "BertTokenizerFast")
+    model = folder / "config.json"
+    return model.is_file() and _json_object(model).get("model_type", "bert") == "bert"
+
+
+def _with_normalizer_flags(data: bytes, flags: dict[str, bool | None], source: str) -> bytes:
+    try:
+        spec = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise UserError(f"{source}: not a readable tokenizers JSON ({str(e)[:120]})") from None
+    normalizer = spec.get("normalizer") if isinstance(spec, dict) else None
+    if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
+        return data  # (BertTokenizerFast changes only a BertNormalizer)
+    wanted = {
+        "lowercase": flags["do_lower_case"],
+        "strip_accents": flags["strip_accents"],
+        "handle_chinese_chars": flags["tokenize_chinese_chars"],
+    }
+    if all(normalizer.get(key) == value for key, value in wanted.items()):
+        return data  # the file's own bytes: a run started from it resumes with the same tokenizer hash
+    normalizer.update(wanted)
+    return json.dumps(spec, ensure_ascii=False).encode("utf-8")
 
 
 def _json_object(path: Path) -> dict:

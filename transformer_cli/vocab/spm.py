@@ -4,19 +4,34 @@ inside every checkpoint so that a checkpoint alone is enough to translate."""
 from __future__ import annotations
 
 import io
+import itertools
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
 
+from transformer_cli.core.cjk import IDEOGRAPH_CLASS, cjk_share
 from transformer_cli.core.errors import UserError
+from transformer_cli.core.text import stream_lines
 
 # sentencepiece's trainer gives other pieces on another thread count (1, 2 and 4 threads: three different
 # vocabularies of the toy corpus), so it is fixed, not the machine's cores: the same data and settings give the
 # same vocabulary on every machine.
 TRAIN_THREADS = 2
+
+# split_cjk: a character the text never holds (a private-use one) marks the bounds sentencepiece's trainer may not
+# merge across (its pretokenization_delimiter, dropped from the pieces). With one on each side of every ideograph no
+# piece holds an ideograph and anything else, so the model itself encodes each ideograph as a token of its own:
+# nothing marks the text at encoding, and decoding gives it back without added spaces.
+_CJK_BOUND = "\ue000"
+_IDEOGRAPH = re.compile(f"([{IDEOGRAPH_CLASS}])")
+
+# sentencepiece's advice: cover 99.95% of the characters of text with a rich character set (Chinese, Japanese),
+# all of them otherwise (vocab.character_coverage: auto).
+CJK_COVERAGE = 0.9995
+CJK_LANGS = frozenset({"zh", "ja", "ko", "cmn", "yue", "wuu", "zho", "chi", "jpn", "kor", "lzh"})
 
 # Ids fixed for every tcli vocabulary.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -158,17 +173,23 @@ def train_vocab(
     control_symbols: tuple[str, ...] = (),
     bos_eos: bool = True,
     source: str = "the training text",
+    split_cjk: bool = False,
 ) -> Vocab:
     """Train a sentencepiece model in memory; `size` is an upper bound (small corpora get fewer pieces).
 
     Ids: pad 0, unk 1, then bos 2 and eos 3 (`bos_eos`), then `control_symbols` in order.
-    `source` names the text in errors.
+    `source` names the text in errors. `split_cjk`: no piece joins a CJK ideograph to another character (but
+    sentencepiece's word-start mark), so that every ideograph is a token, as in the Chinese BERTs.
     """
     sample = [line for line in lines if line.strip()]
     if not sample:
         raise UserError(f"cannot train a vocabulary: {source} holds no text")
     if len(sample) > max_sentences:
         sample = random.Random(seed).sample(sample, max_sentences)
+    bounds = {}
+    if split_cjk:
+        sample = [_IDEOGRAPH.sub(rf"{_CJK_BOUND}\1{_CJK_BOUND}", line.replace(_CJK_BOUND, "")) for line in sample]
+        bounds = {"pretokenization_delimiter": _CJK_BOUND}
     out = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -189,6 +210,7 @@ def train_vocab(
             shuffle_input_sentence=False,
             minloglevel=2,
             num_threads=TRAIN_THREADS,
+            **bounds,
         )
     except RuntimeError as e:
         detail = " ".join(str(e).split())
@@ -204,6 +226,24 @@ def train_vocab(
             f"({len(sample)} lines): {detail}; a small corpus needs a smaller vocab.size, or add text"
         ) from None
     return Vocab(out.getvalue())
+
+
+def resolve_coverage(value: float | str, langs: Iterable[str], text: Iterable[str]) -> float:
+    """vocab.character_coverage as a number: `auto` is CJK_COVERAGE when a language code is Chinese, Japanese or
+    Korean (zh, zh-TW, ja_JP, ...) or when the `text` (a sample of the training lines) is mostly CJK, else 1.0."""
+    if value != "auto":
+        return float(value)
+    if any(lang.lower().replace("_", "-").split("-")[0] in CJK_LANGS for lang in langs):
+        return CJK_COVERAGE
+    return CJK_COVERAGE if cjk_share("".join(text)) > 0.5 else 1.0
+
+
+def head_lines(paths: Iterable[Path], lines: int = 10_000) -> Iterator[str]:
+    """The first `lines` lines of each file (what vocab.character_coverage: auto looks at)."""
+    for path in paths:
+        blocks = stream_lines(path)
+        yield from itertools.islice(itertools.chain.from_iterable(blocks), lines)
+        blocks.close()
 
 
 def load_model_file(path: str | Path, key: str = "vocab.model") -> Vocab:
