@@ -856,6 +856,8 @@ def test_every_file_output_is_declared_so():
     """The options that name a file to write are the ones a new name ending in '/' is refused for."""
     assert sorted(_file_outputs()) == [
         ("average", "--out"),
+        ("embed", "--output"),
+        ("embed", "--plot"),
         ("plot", "--out"),
         ("predict", "--output"),
         ("translate", "--output"),

@@ -706,8 +706,8 @@ class FinetuneTaskConfig(Section):
 
     kind: Literal[tuple(TASK_KINDS)] = Field(  # type: ignore[valid-type]  (one module per kind: kinds/)
         "classification",
-        description="a label per text (or pair), one number per text, a tag per word, or a set of labels per text "
-        "(multilabel)",
+        description="a label per text (or pair), one number per text, a tag per word, a set of labels per text "
+        "(multilabel), or an answer span in a context (span: extractive QA, SQuAD)",
     )
     glue: str | None = Field(
         None,
@@ -718,7 +718,16 @@ class FinetuneTaskConfig(Section):
         None,
         description="metrics of each evaluation, whose mean selects best.pt (null: the task's): accuracy, f1, "
         "mcc (classification); pearson, spearman (regression); entity_f1, entity_precision, entity_recall (tagging); "
-        "macro_f1, micro_f1, subset_accuracy (multilabel)",
+        "macro_f1, micro_f1, subset_accuracy (multilabel); exact_match, f1 (span: SQuAD's, in percent)",
+    )
+    max_answer_len: int = Field(30, ge=1, le=MAX_POSITIONS, description="span: the longest answer, in pieces")
+    n_best: int = Field(20, ge=1, le=1000, description="span: candidate answers kept per question")
+    null_threshold: float = Field(
+        0.0,
+        ge=-1e6,
+        le=1e6,
+        description="span, SQuAD v2: answer nothing when the no-answer score ([CLS]'s start + end logit) beats the "
+        "best span's by more than this",
     )
     threshold: float | Literal["tune"] = Field(
         0.5,
@@ -764,6 +773,10 @@ class FinetuneDataConfig(Section):
     max_seq_len: int = Field(
         128, ge=8, le=MAX_POSITIONS, description="pieces per example, [CLS] and [SEP]s included; longer are cut"
     )
+    doc_stride: int = Field(
+        128, ge=1, le=MAX_POSITIONS, description="span: pieces that consecutive windows of a long context share"
+    )
+    max_query_len: int = Field(64, ge=1, le=MAX_POSITIONS, description="span: a question's pieces; longer are cut")
 
 
 # The keys of FinetuneModelConfig that give the encoder's architecture, for `init: none` only.
@@ -857,6 +870,8 @@ class FinetuneRunConfig(Section):
                     f"data.{key} is set but task.glue ({self.task.glue}) gives the task's files and columns; "
                     "remove it (data.dir names the GLUE folder)"
                 )
+        elif TASK_KINDS[self.task.kind].reads == "squad":
+            _check_span(self)
         elif TASK_KINDS[self.task.kind].reads == "conll":
             names = ("columns", "text", "pair", "label")
             key = next((k for k in names if getattr(d, k) != getattr(defaults, k)), None)
@@ -877,8 +892,31 @@ class FinetuneRunConfig(Section):
                 _check_columns(d.columns, columns)
         if self.task.threshold != 0.5 and not TASK_KINDS[self.task.kind].thresholded:
             raise ValueError(f"task.threshold is for multilabel tasks, and task.kind is {self.task.kind}; remove it")
+        if self.task.kind != "span":
+            task_defaults = FinetuneTaskConfig()
+            changed = [f"task.{k}" for k in _SPAN_TASK_KEYS if getattr(self.task, k) != getattr(task_defaults, k)]
+            changed += [f"data.{k}" for k in _SPAN_DATA_KEYS if getattr(d, k) != getattr(defaults, k)]
+            if changed:
+                raise ValueError(f"{changed[0]} is for task.kind span (extractive QA); remove it")
         _check_metrics(self.task)
         _check_train(self.train)
+
+
+_SPAN_TASK_KEYS, _SPAN_DATA_KEYS = ("max_answer_len", "n_best", "null_threshold"), ("doc_stride", "max_query_len")
+
+
+def _check_span(cfg: FinetuneRunConfig) -> None:
+    """Extractive QA reads SQuAD files, not table columns. (That its windows move forward, doc_stride below what
+    max_seq_len leaves after the question, is checked as its data is read: kinds/span.check_span_sizes, so that
+    `task.kind: span` alone loads, with max_seq_len's default of 128 for every kind.)"""
+    d, defaults = cfg.data, FinetuneDataConfig()
+    tables = ("format", "columns", "text", "pair", "label")
+    key = next((k for k in tables if getattr(d, k) != getattr(defaults, k)), None)
+    if key is not None:
+        raise ValueError(
+            f"data.{key} is for tables, but span reads SQuAD files (.json as published, or .jsonl lines of "
+            '{"id", "question", "context", "answers"}); remove it'
+        )
 
 
 def _check_columns(names: list[str], roles: list[tuple[str, str | None]]) -> None:

@@ -42,8 +42,9 @@ def test_each_kind_module_holds_one_registered_kind_of_its_name(module):
 def test_a_kind_names_what_the_rest_of_the_package_knows(name):
     kind = KINDS[name]
     assert kind.metrics and set(kind.default_metrics) <= set(kind.metrics) <= set(METRICS)
-    assert kind.reads in ("table", "conll") and kind.label_form in LABEL_FORMS and kind.loss in LOSSES
-    assert kind.hf_class in ("BertForSequenceClassification", "BertForTokenClassification")
+    assert kind.reads in ("table", "conll", "squad") and kind.label_form in LABEL_FORMS and kind.loss in LOSSES
+    hf_classes = ("BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering")
+    assert kind.hf_class in hf_classes
     assert 0 <= kind.fewest_labels <= kind.most_labels
     assert load_config(FinetuneRunConfig, None, [f"task.kind={name}"]).task.kind == name
     transformers = pytest.importorskip("transformers")

@@ -17,7 +17,9 @@ class KindNames:
 
     metrics: tuple[str, ...]  # the metrics (metrics/task_metrics.METRICS names) that score its predictions
     default_metrics: tuple[str, ...]  # task.metrics when the config leaves it out; their mean selects best.pt
-    reads: str  # "table" (TSV, CSV, JSONL rows with named columns) or "conll" (a word and its tag per line)
+    # "table" (TSV, CSV, JSONL rows with named columns), "conll" (a word and its tag per line) or "squad" (questions
+    # on contexts with answer spans: SQuAD JSON, or JSON lines)
+    reads: str
     thresholded: bool = False  # decides each label by a probability threshold (task.threshold)
 
 
@@ -28,4 +30,5 @@ TASK_KINDS: dict[str, KindNames] = {
     "regression": KindNames(("pearson", "spearman"), ("pearson", "spearman"), "table"),
     "tagging": KindNames(_ENTITY, _ENTITY, "conll"),
     "multilabel": KindNames(("macro_f1", "micro_f1", "subset_accuracy"), ("macro_f1",), "table", thresholded=True),
+    "span": KindNames(("exact_match", "f1"), ("f1",), "squad"),  # SQuAD's, in percent (metrics/squad.py)
 }

@@ -212,11 +212,11 @@ def export_hf(checkpoint: Path, out_dir: Path, force: bool = False) -> Path:
 
 
 def export_finetuned(ckpt: Checkpoint, out_dir: Path, force: bool = False) -> Path:
-    """A fine-tuned checkpoint as BertForSequenceClassification (classification; regression with num_labels 1
-    and problem_type "regression") or BertForTokenClassification (tagging): config.json with id2label and
-    label2id, model.safetensors, and the run's tokenizer (its tokenizer.json from an HF starting model, or the
-    one derived from the tcli sentencepiece vocabulary, with spiece.model), so that transformers' pipelines
-    answer with tcli's labels and logits."""
+    """A fine-tuned checkpoint as BertForSequenceClassification (classification; regression with num_labels 1 and
+    problem_type "regression"), BertForTokenClassification (tagging) or BertForQuestionAnswering (span, its head
+    `qa_outputs`): config.json with id2label and label2id, model.safetensors, and the run's tokenizer (its
+    tokenizer.json from an HF starting model, or the one derived from the tcli sentencepiece vocabulary, with
+    spiece.model), so that transformers' pipelines answer with tcli's labels and logits."""
     from transformer_cli.export.folders import prepare_folder
 
     meta = ckpt.finetune
@@ -229,9 +229,9 @@ def export_finetuned(ckpt: Checkpoint, out_dir: Path, force: bool = False) -> Pa
     state = model.state_dict()
     encoder = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
     weights = to_hf_state_dict(encoder, meta.encoder.layers, heads=False)
-    if meta.task_kind.per_token:  # BertForTokenClassification has no pooler
+    if meta.task_kind.per_token:  # BertForTokenClassification and BertForQuestionAnswering have no pooler
         weights = {k: v for k, v in weights.items() if not k.startswith("bert.pooler.")}
-    for name in ("classifier.weight", "classifier.bias"):
+    for name in (k for k in state if not k.startswith("bert.")):  # the head: classifier.* (qa_outputs.* for QA)
         weights[name] = state[name].detach().contiguous().clone()
     _write_hf_folder(out_dir, weights, classifier_config(meta), tokenizer, meta.max_seq_len, spiece)
     return out_dir

@@ -1,11 +1,12 @@
 """`tcli predict`: a fine-tuned checkpoint's labels (and their probability), scores, or tags for new text.
 
 Input: a table (.tsv, .csv, .jsonl with the columns the model was trained on), a CoNLL file (.conll, tagging),
-or plain lines (a file or stdin): one text per line, `a<TAB>b` for a pair model, words separated by spaces for
-a tagger; for a model trained on tables without a header (data.columns, CLUE's), also the rows of such a table.
-Plain lines stream like `tcli translate`: each chunk's predictions are written before the next chunk is read.
-Output: `label<TAB>probability` or the score, one line per input; for tagging one `word tag` line per word and
-a blank line after each sentence.
+questions for a QA model (a SQuAD .json, or JSON lines of {"question", "context"}, a file or stdin), or plain lines
+(a file or stdin): one text per line, `a<TAB>b` for a pair model, words separated by spaces for a tagger; for a
+model trained on tables without a header (data.columns, CLUE's), also the rows of such a table. Plain lines stream
+like `tcli translate`: each chunk's predictions are written before the next chunk is read. Output:
+`label<TAB>probability` or the score, one line per input; for tagging one `word tag` line per word and a blank line
+after each sentence; for QA a JSON line {"id", "answer", "score", "start"} per question.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class Predictor:
             meta.max_seq_len,
         )
         non_finite(logits, refuse=str(self.checkpoint))
-        preds, probs = decide(meta, logits)
+        preds, probs = decide(meta, logits, examples, feats)
         for warning in meta.task_kind.warnings(meta, examples, preds):
             print(warning, file=sys.stderr)
         return [format_prediction(meta, ex, p, q) for ex, p, q in zip(examples, preds, probs)]
@@ -163,6 +164,8 @@ def run_predict(
     with ExitStack() as stack:
         predictor = Predictor(checkpoint, device, precision)
         tagging = predictor.meta.task_kind.reads == "conll"
+        if predictor.meta.task_kind.reads == "squad":
+            return _answer_questions(predictor, input_path, suffix, output, stack)
         if suffix == ".conll" and not tagging:
             raise UserError(
                 f"--input {input_path}: a .conll file is for a tagger, and this is a {predictor.meta.kind} model; "
@@ -198,6 +201,31 @@ def run_predict(
             examples = [_plain(line, number + i + 1, pair_model, tagging, name, row) for i, line in enumerate(chunk)]
             number += _write_all(predictor, [examples], write)
         return number
+
+
+def _answer_questions(
+    predictor: Predictor, input_path: Path | None, suffix: str, output: Path | None, stack: ExitStack
+) -> int:
+    """A QA model: a SQuAD .json read whole, else JSON lines ({"question", "context"}, "id" optional: the line
+    number) from a file or stdin, streamed in chunks like plain lines; a JSON line `{id, answer, score, start}`
+    out per question."""
+    from transformer_cli.data.squad import question_lines, read_squad
+
+    if suffix not in ("", ".json", ".jsonl", ".txt"):
+        raise UserError(
+            f"--input {input_path}: a question-answering model reads a SQuAD .json or JSON lines of "
+            '{"question", "context"} (.jsonl, or stdin)'
+        )
+    write = writer(output, stack)
+    if suffix == ".json":
+        return _write_all(predictor, [read_squad(input_path, need_answers=False)], write)
+    lines = stack.enter_context(open_input(input_path, sys.stdin))
+    name, number, done = str(input_path or "<stdin>"), 0, 0
+    for chunk in chunks(lines, first_chunk(output, FIRST_CHUNK_LINES, MAX_CHUNK_LINES), MAX_CHUNK_LINES):
+        questions = question_lines(name, enumerate(chunk, start=number + 1), need_answers=False)
+        number += len(chunk)
+        done += _write_all(predictor, [questions], write)  # written before the next chunk is read
+    return done
 
 
 def _write_all(predictor: Predictor, groups: Iterable[list[Any]], write: Callable[[str], None]) -> int:

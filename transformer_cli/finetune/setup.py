@@ -53,6 +53,8 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
     """The run's examples, label set (from training; GLUE's own order for GLUE tasks) and metrics."""
     d, t = cfg.data, cfg.task
     kind = KINDS[t.kind]
+    if kind.reads == "squad" and t.glue is None:
+        return _read_squad_run(cfg)
     if t.glue is not None:
         g = GLUE_TASKS[glue_key(t.glue)]
         if t.kind != g.kind:
@@ -103,6 +105,27 @@ def read_labelled(cfg: FinetuneRunConfig) -> LabelledData:
     for warning in kind.label_warnings(labels, files[0]):
         print(warning, file=sys.stderr)
     return LabelledData(t.kind, train, valid, tuple(labels), tuple(t.metrics or metrics), files, valid_path, more)
+
+
+def _read_squad_run(cfg: FinetuneRunConfig) -> LabelledData:
+    """Extractive QA: SQuAD files (v1.1 or v2.0, as published or as JSON lines), read whole and checked (every
+    answer where its answer_start says) before anything is written."""
+    from transformer_cli.data.squad import read_squad
+    from transformer_cli.kinds.span import check_span_sizes
+
+    d, t = cfg.data, cfg.task
+    check_span_sizes(d.max_seq_len, d.doc_stride, d.max_query_len)
+    paths = [Path(d.dir) / d.train, Path(d.dir) / d.valid]
+    for path in paths:
+        check_file(path, f"data: {path} {{what}} (data.dir {d.dir!r} and data.train / data.valid)")
+        if path.suffix.lower() not in (".json", ".jsonl"):
+            raise UserError(
+                f"{path}: task.kind span reads SQuAD files: .json as published, or .jsonl (a question a line); "
+                "give one of those"
+            )
+    train, valid = read_squad(paths[0]), read_squad(paths[1])
+    metrics = tuple(t.metrics or KINDS[t.kind].default_metrics)
+    return LabelledData(t.kind, train, valid, (), metrics, [paths[0]], paths[1])
 
 
 def _table(path: Path, d: Any, kind: str) -> list[TextExample]:
@@ -184,10 +207,19 @@ def scratch_vocab(cfg: FinetuneRunConfig, data: LabelledData) -> Vocab:
     vocab.size too small for a later task's characters stops it there), and the task's runs then take it, each
     seed's too unless the seed samples the texts (more than vocab.max_sentences)."""
     from transformer_cli.bert.setup import train_bert_vocab
+    from transformer_cli.data.squad import Question
 
     texts: list[str] = []
+    contexts: dict[str, None] = {}  # (SQuAD asks several questions of each context: each is read once)
     for ex in data.train:
-        texts += [" ".join(ex.words)] if isinstance(ex, TaggedSentence) else [ex.text, *([ex.pair] if ex.pair else [])]
+        if isinstance(ex, Question):
+            texts.append(ex.question)
+            contexts[ex.context] = None
+        else:
+            texts += (
+                [" ".join(ex.words)] if isinstance(ex, TaggedSentence) else [ex.text, *([ex.pair] if ex.pair else [])]
+            )
+    texts += contexts
     sampled = len(texts) > cfg.vocab.max_sentences  # only then does the seed choose what it is trained on
     key = (
         hashlib.sha256("\n".join(texts).encode()).hexdigest(),
@@ -355,7 +387,9 @@ class FinetuneSetup(SetupBase):
                 source.tokenizer,
                 cfg.data.max_seq_len,
                 cfg.model.classifier_dropout,
-                cfg.task.threshold if isinstance(cfg.task.threshold, float) else 0.5,  # (tune: set at each evaluation)
+                settings=KINDS[data.kind].settings_of(cfg, data),
+                # (tune: set at each evaluation)
+                threshold=cfg.task.threshold if isinstance(cfg.task.threshold, float) else 0.5,
             )
             self.weights, self.described = source.weights, source.description
         return self.meta
@@ -367,6 +401,7 @@ class FinetuneSetup(SetupBase):
         for what, ours, theirs in (
             ("labels", list(meta.labels), list(self.data.labels)),
             ("max_seq_len", meta.max_seq_len, self.cfg.data.max_seq_len),
+            ("settings", *(_state(x) for x in (meta.settings, meta.task_kind.settings_of(self.cfg, self.data)))),
         ):
             if ours != theirs:
                 raise UserError(
@@ -457,7 +492,8 @@ class FinetuneSetup(SetupBase):
         model = build_classifier(meta)
         if self.weights is not None:
             missing, unexpected = model.load_state_dict(self.weights, strict=False)
-            assert not unexpected and all(k.startswith(("classifier.", POOLER)) for k in missing), (missing, unexpected)
+            head = ("classifier.", "qa_outputs.", POOLER)  # the new head's
+            assert not unexpected and all(k.startswith(head) for k in missing), (missing, unexpected)
             if any(k.startswith(POOLER) for k in missing):
                 say(quiet, f"{self.cfg.model.init} has no pooler: it starts from random weights, as in transformers")
         task = FinetuneTask(cfg, meta, model, self.data, quiet, bucketed=runtime.kernel_per_shape)
@@ -466,6 +502,10 @@ class FinetuneSetup(SetupBase):
 
     def train_config(self, task: FinetuneTask) -> FinetuneTrainConfig:
         return resolved_train(self.cfg.train, len(task.epoch_batches(0)))
+
+
+def _state(settings: Any) -> Any:
+    return settings.state() if settings is not None else None
 
 
 def resolved_train(train: FinetuneTrainConfig, batches_per_epoch: int) -> FinetuneTrainConfig:
@@ -484,12 +524,10 @@ def resolved_train(train: FinetuneTrainConfig, batches_per_epoch: int) -> Finetu
 def _describe(task: FinetuneTask, source: str, quiet: bool) -> None:
     meta = task.meta
     n_params = sum(p.numel() for p in task.model.parameters())
-    labels = f"{len(meta.labels)} labels" if meta.labels else "regression"
+    labels = meta.task_kind.describe_outputs(meta.labels)
     say(quiet, f"model: {source}; {n_params:,} parameters; {meta.kind} ({labels}); tokenizer {meta.tokenizer.kind}")
-    for name, feats in (("train", task.train), ("valid", task.valid)):
-        cut = f"; {feats.truncated:,} cut to max_seq_len {meta.max_seq_len}" if feats.truncated else ""
-        lost = f" ({feats.words_lost:,} words lost)" if feats.words_lost else ""
-        say(quiet, f"{name}: {len(feats):,} examples{cut}{lost}")
+    for name, feats, examples in (("train", task.train, task.data.train), ("valid", task.valid, task.data.valid)):
+        say(quiet, meta.task_kind.describe_features(meta, name, examples, feats))
     if isinstance(task.data.train[0], TaggedSentence) and task.train.truncated:
         say(quiet, "tagging: words beyond max_seq_len are not trained on; raise data.max_seq_len to keep them")
 

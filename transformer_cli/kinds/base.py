@@ -2,8 +2,9 @@
 head are, how its logits become predictions, how those are scored, printed and exported.
 
 `Kind` holds the behaviour of a label per text (or pair), which most kinds share; each kind is a subclass in its
-own module (classification.py, regression.py, tagging.py, multilabel.py), registered in registry.KINDS. Its name,
-metrics and the files it reads are core/kinds.TASK_KINDS' (config.py checks a config with them, below this folder).
+own module (classification.py, regression.py, tagging.py, multilabel.py, span.py), registered in registry.KINDS. Its
+name, metrics and the files it reads are core/kinds.TASK_KINDS' (config.py checks a config with them, below this
+folder).
 """
 
 from __future__ import annotations
@@ -71,6 +72,21 @@ class Kind:
     def describe_outputs(self, labels: Sequence[str]) -> str:
         return f"{len(labels)} labels"
 
+    def settings_of(self, cfg: Any, data: Any) -> Any:
+        """The kind's own settings from a run's config and data (FinetuneMeta.settings, in the checkpoint), or
+        None: most kinds have none."""
+        return None
+
+    def read_settings(self, state: Any, source: str) -> Any:
+        """The settings stored in a checkpoint (`settings_of`'s, as `.state()` gave them)."""
+        return None
+
+    def head(self, encoder: Any, outputs: int, dropout: float) -> torch.nn.Module:
+        """The model: the encoder (models/bert.Bert) and this kind's head."""
+        from transformer_cli.models.heads import BertClassifier
+
+        return BertClassifier(encoder, outputs, dropout, per_token=self.per_token, loss=self.loss)
+
     # ------------------------------------------------------------------------- training data
 
     def check_label_set(self, labels: Sequence[str], path: Path) -> None:
@@ -99,7 +115,30 @@ class Kind:
             labels = [self.label_value(ex.label, index) for ex in examples]
         return encode_texts(meta.tokenizer, [ex.text for ex in examples], pairs, labels, meta.max_seq_len)
 
+    def collate(self, features: Any, rows: Sequence[int], pad_id: int, length: int | None) -> Any:
+        """A batch of the kind's own form, or None for finetuned.collate's ClassifierBatch."""
+        return None
+
+    def describe_features(self, meta: Meta, split: str, examples: list[Any], features: Features) -> str:
+        """The training log's line about a split's encoded examples."""
+        cut = f"; {features.truncated:,} cut to max_seq_len {meta.max_seq_len}" if features.truncated else ""
+        lost = f" ({features.words_lost:,} words lost)" if features.words_lost else ""
+        return f"{split}: {len(features):,} examples{cut}{lost}"
+
     # ------------------------------------------------------------------------- predictions
+
+    def decide_examples(
+        self, meta: Meta, examples: list[Any], features: Any, logits: list[Tensor]
+    ) -> tuple[list[Any], list[float]]:
+        """(predictions, confidence) of the examples, from the logits of their features: `decide`'s, for the
+        kinds whose features are their examples one to one."""
+        return self.decide(meta, logits)
+
+    def score(
+        self, meta: Meta, metrics: Sequence[str], examples: list[Any], preds: list[Any]
+    ) -> dict[str, float] | None:
+        """The kind's own metrics of predictions, or None for task_metrics.compute over `scored`."""
+        return None
 
     def decide(self, meta: Meta, logits: list[Tensor]) -> tuple[list[Any], list[float]]:
         """(predictions, confidence) of each example's logits: the class id and its softmax probability."""

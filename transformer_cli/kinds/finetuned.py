@@ -45,6 +45,7 @@ class FinetuneMeta:
     tokenizer: BertTokenizer
     max_seq_len: int
     classifier_dropout: float = 0.1
+    settings: Any = None  # the kind's own (Kind.settings_of: span's windows and decoding), stored as "settings"
     threshold: float = 0.5  # multilabel: a label is predicted above this probability (tuned on dev, or task.threshold)
 
     @property
@@ -65,6 +66,7 @@ class FinetuneMeta:
             "tokenizer": self.tokenizer.state(),
             "max_seq_len": self.max_seq_len,
             "classifier_dropout": self.classifier_dropout,
+            **({"settings": self.settings.state()} if self.settings is not None else {}),
             **({"threshold": self.threshold} if self.task_kind.thresholded else {}),
         }
 
@@ -89,8 +91,11 @@ class FinetuneMeta:
         vocab_size = _stored(state, "vocab_size", len(tokenizer), int, len(tokenizer), 10**8, source)
         max_seq_len = _stored(state, "max_seq_len", 128, int, 8, encoder.max_positions, source)
         dropout = _stored(state, "classifier_dropout", 0.1, float, 0.0, 0.999, source)
+        settings = kind.read_settings(state.get("settings"), source)
         threshold = _stored(state, "threshold", 0.5, float, 1e-6, 1 - 1e-6, source) if kind.thresholded else 0.5
-        return cls(state["kind"], labels, encoder, vocab_size, tokenizer, max_seq_len, dropout, threshold)
+        meta = cls(state["kind"], labels, encoder, vocab_size, tokenizer, max_seq_len, dropout, settings=settings)
+        meta.threshold = threshold
+        return meta
 
 
 def _stored(state: dict, key: str, default: Any, kind: type, low: float, high: float, source: str) -> Any:
@@ -108,14 +113,12 @@ def _stored(state: dict, key: str, default: Any, kind: type, low: float, high: f
 def build_classifier(meta: FinetuneMeta) -> nn.Module:
     """The encoder (without pretraining heads) and the task's head, from the metadata alone."""
     from transformer_cli.models.builders import build_bert
-    from transformer_cli.models.heads import BertClassifier
 
     e = meta.encoder
     if e.d_model % e.heads:
         raise ValueError(f"d_model ({e.d_model}) must be divisible by heads ({e.heads})")
     encoder = build_bert(e, meta.vocab_size, pad_id=meta.tokenizer.pad_id, pretraining_heads=False)
-    kind = meta.task_kind
-    return BertClassifier(encoder, meta.outputs, meta.classifier_dropout, per_token=kind.per_token, loss=kind.loss)
+    return meta.task_kind.head(encoder, meta.outputs, meta.classifier_dropout)
 
 
 # ----------------------------------------------------------------------------- batches
@@ -168,7 +171,11 @@ class ClassifierBatch:
 def collate(
     features: Features, rows: Sequence[int], pad_id: int, kind: str, length: int | None = None
 ) -> ClassifierBatch:
-    """Rows of `features` padded to the longest of them (or to `length`); `kind` names the task's kind."""
+    """Rows of `features` padded to the longest of them (or to `length`); `kind` names the task's kind (whose
+    own batches, if it has them, are its `Kind.collate`'s)."""
+    own = KINDS[kind].collate(features, rows, pad_id, length)
+    if own is not None:
+        return own
     T = length or max(len(features.ids[r]) for r in rows)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     types = torch.zeros((len(rows), T), dtype=torch.long)
@@ -220,7 +227,8 @@ def predict_logits(
     runtime: Runtime,
     limit: int,
 ) -> list[Tensor]:
-    """The float32 logits of every example, in the examples' order: (C,), (1,) or, for tagging, (words, C).
+    """The float32 logits of every example, in the examples' order: (C,), (1,) or, for tagging, (words, C)
+    (for span, every window's (T, 2)).
     Each batch is padded to `batch_width(its longest, 1, limit, ...)`, the widths training takes."""
     per_token = KINDS[kind].per_token
     was_training = model.training
@@ -238,9 +246,12 @@ def predict_logits(
     return out  # type: ignore[return-value]
 
 
-def decide(meta: FinetuneMeta, logits: list[Tensor]) -> tuple[list[Any], list[float]]:
-    """(predictions, confidence) of each example's logits, as the kind decides (`Kind.decide`)."""
-    return meta.task_kind.decide(meta, logits)
+def decide(
+    meta: FinetuneMeta, logits: list[Tensor], examples: list[Any], features: Features
+) -> tuple[list[Any], list[float]]:
+    """(predictions, confidence) of each example from its features' logits, as the kind decides
+    (`Kind.decide_examples`)."""
+    return meta.task_kind.decide_examples(meta, examples, features, logits)
 
 
 # ----------------------------------------------------------------------------- scoring (training and tcli evaluate)
@@ -257,8 +268,10 @@ def features_of(meta: FinetuneMeta, examples: list[Any]) -> Features:
 def score(meta: FinetuneMeta, metrics: Sequence[str], examples: list[Any], preds: list[Any]) -> dict[str, float]:
     """The task's metrics of predictions (ids, floats or tag-id lists) against the examples' labels, and
     "score": their mean (GLUE's score of a task), which selects best.pt."""
-    pred, gold = meta.task_kind.scored(meta, examples, preds)
-    results = task_metrics.compute(metrics, pred, gold, meta.labels)
+    results = meta.task_kind.score(meta, metrics, examples, preds)
+    if results is None:
+        pred, gold = meta.task_kind.scored(meta, examples, preds)
+        results = task_metrics.compute(metrics, pred, gold, meta.labels)
     results["score"] = task_metrics.main_value(results, metrics)
     return results
 
@@ -282,10 +295,10 @@ def evaluate_examples(
     batches = length_order(features, EVAL_ROWS)
     logits = predict_logits(model, features, batches, meta.tokenizer.pad_id, meta.kind, runtime, meta.max_seq_len)
     if non_finite(logits, refuse_non_finite):
-        return {**dict.fromkeys(metrics, math.nan), "score": math.nan}, decide(meta, logits)[0]
+        return {**dict.fromkeys(metrics, math.nan), "score": math.nan}, decide(meta, logits, examples, features)[0]
     if tune:
         meta.threshold = meta.task_kind.tuned_threshold(meta, metrics, examples, logits)
-    preds, _ = decide(meta, logits)
+    preds, _ = decide(meta, logits, examples, features)
     return score(meta, metrics, examples, preds), preds
 
 

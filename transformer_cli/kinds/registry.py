@@ -8,9 +8,12 @@ from transformer_cli.kinds.base import Kind
 from transformer_cli.kinds.classification import Classification
 from transformer_cli.kinds.multilabel import Multilabel
 from transformer_cli.kinds.regression import Regression
+from transformer_cli.kinds.span import SpanExtraction
 from transformer_cli.kinds.tagging import Tagging
 
-KINDS: dict[str, Kind] = {kind.name: kind for kind in (Classification(), Regression(), Tagging(), Multilabel())}
+KINDS: dict[str, Kind] = {
+    kind.name: kind for kind in (Classification(), Regression(), Tagging(), Multilabel(), SpanExtraction())
+}
 
 
 def kind_of(name: str, source: str = "task.kind") -> Kind:

@@ -23,7 +23,8 @@ from transformer_cli.core.kinds import TASK_KINDS
 
 _ENTITY = ("entity_f1", "entity_precision", "entity_recall")
 _MULTILABEL = ("macro_f1", "micro_f1", "subset_accuracy")
-METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman", *_ENTITY, *_MULTILABEL)
+# exact_match (and f1 for extractive QA) are SQuAD's, computed by metrics/squad.py (kinds/span.py scores with it)
+METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman", *_ENTITY, *_MULTILABEL, "exact_match")
 # The metrics that score each kind of task's predictions (label ids, numbers, sentences of tags): core/kinds.py's.
 BY_KIND = {name: kind.metrics for name, kind in TASK_KINDS.items()}
 

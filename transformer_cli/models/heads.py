@@ -5,7 +5,8 @@ trained), then dropout and one linear layer to the labels (or to one output for 
 read, the encoder's last block computes the [CLS] position alone (`Bert.encode(first_only=True)`, the same
 values). Tagging reads every position's hidden state through dropout and a linear layer; only each word's first
 piece carries a label (the others are IGNORE). Multi-label classification reads [CLS] too, one sigmoid per label.
-The task's kind (transformer_cli/kinds/) chooses which head and which loss; this module knows nothing of kinds or
+Extractive QA reads every position, a start and an end logit each (`BertQuestionAnswering`, HF's `qa_outputs`). The
+task's kind (transformer_cli/kinds/) chooses which head and which loss; this module knows nothing of kinds or
 configs. Parameter names follow HF's BertForSequenceClassification and BertForTokenClassification: `bert.*` for
 the encoder, `classifier.*` for the head.
 """
@@ -77,4 +78,32 @@ class BertClassifier(nn.Module):
             loss = F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE, reduction="sum")
         else:
             loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+        return HeadLoss(loss, logits)
+
+
+class BertQuestionAnswering(nn.Module):
+    """A BERT encoder with extractive QA's head (Devlin et al., 2019, section 4.2): one linear layer from every
+    position's hidden state to a start and an end logit, no dropout before it (HF's BertForQuestionAnswering,
+    whose state-dict name `qa_outputs` it keeps). The loss is the mean of the start and the end cross-entropy
+    over the positions, as BERT's run_squad.py and HF compute it."""
+
+    def __init__(self, encoder: Bert):
+        super().__init__()
+        self.bert = encoder
+        self.qa_outputs = nn.Linear(encoder.pooler.in_features, 2)
+        nn.init.normal_(self.qa_outputs.weight, std=0.02)
+        nn.init.zeros_(self.qa_outputs.bias)
+
+    def forward(self, input_ids: Tensor, segment_ids: Tensor, labels: Tensor | None = None) -> Tensor | HeadLoss:
+        """(B, T) ids and segments -> (B, T, 2) start and end logits; with labels ((B, 2): the start and end
+        position of each row's answer, 0 ([CLS]) for none), the summed loss as well."""
+        hidden = self.bert.encode(input_ids, segment_ids)  # (B, T, d)
+        logits = self.qa_outputs(hidden)  # (B, T, 2)
+        if labels is None:
+            return logits
+        # padding is no candidate: masked, so that the width a batch is padded to leaves its loss unchanged
+        pad = input_ids.eq(self.bert.pad_id).unsqueeze(1)  # (B, 1, T)
+        scores = logits.float().transpose(1, 2).masked_fill(pad, float("-inf"))  # (B, 2, T)
+        flat = scores.reshape(-1, logits.size(1))  # (B*2, T): each row's start scores, then its end scores
+        loss = F.cross_entropy(flat, labels.reshape(-1), reduction="sum") / 2  # the mean of the two, per row
         return HeadLoss(loss, logits)

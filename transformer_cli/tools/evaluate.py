@@ -215,7 +215,7 @@ def _evaluate_finetuned(
         task_metrics.check_names(meta.kind, stored or [], what)
     except ValueError as e:
         raise UserError(str(e)) from None
-    if "f1" in (stored or []) and len(meta.labels) != 2:
+    if "f1" in (stored or []) and meta.task_kind.has_label_set and len(meta.labels) != 2:
         raise UserError(f"{what} are damaged: f1 scores two labels, and the model has {len(meta.labels)}")
     metrics = tuple(stored or ())
     sets = _labelled_examples(ckpt, split, input_path, data_dir)
@@ -261,6 +261,12 @@ def _labelled_examples(
     hint = f" (the checkpoint's data.dir is {d.dir}; see --data-dir)" if split else ""
     check_file(path, f"{'--split ' + split if split else '--input'} {path} {{what}}{hint}")
     suffix, conll = path.suffix.lower(), meta.task_kind.reads == "conll"
+    if meta.task_kind.reads == "squad":  # questions with their answers (a SQuAD file, v1.1 or v2.0)
+        from transformer_cli.data.squad import read_squad
+
+        if suffix not in (".json", ".jsonl"):
+            raise UserError(f"--input {path}: this span model scores SQuAD files (.json or .jsonl); give one")
+        return {split or "input": read_squad(path)}
     if split is None and (suffix in TABLE_SUFFIXES if conll else suffix == ".conll"):
         reads = "CoNLL files (a word and its tag per line)" if conll else "tables (.tsv, .csv, .jsonl)"
         raise UserError(f"--input {path}: this {meta.kind} model reads {reads}, and {path.name} is not one")

@@ -81,6 +81,29 @@ class BertTokenizer:
             return self.vocab.encode(texts)
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
+    def encode_with_offsets(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """The pieces of each text (those `encode` gives) and, for each piece, the (begin, end) character offsets
+        of the original text it came from, whitespace left out: `text[begin:end]` is what the piece stands for as
+        written ("1,000", "U.S.", "café"), whatever the tokenizer's normalisation did to it. A piece that stands
+        for no character of its own (sentencepiece's lone "▁", the second piece of an NFKC expansion) gets an
+        empty range where the text it belongs to begins."""
+        if self.kind == "hf":
+            return [(e.ids, list(e.offsets)) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        out = []
+        for text, (ids, raw) in zip(texts, self.vocab.encode_with_offsets(texts)):
+            offsets = []
+            for begin, end in raw:
+                surface = text[begin:end]
+                stripped = surface.strip()
+                if stripped:
+                    begin += len(surface) - len(surface.lstrip())
+                    end = begin + len(stripped)
+                else:
+                    begin = end
+                offsets.append((begin, end))
+            out.append((ids, offsets))
+        return out
+
     def encode_words(self, words: list[str]) -> list[list[int]]:
         """The pieces of each word of a pre-split sentence; a word that yields none gets [UNK], so that every
         word has a first piece to be labelled at."""

@@ -47,6 +47,7 @@ class Vocab:
         self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
         self.pad_id, self.unk_id = self.sp.pad_id(), self.sp.unk_id()
         self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+        self._offsets_form: str | None = None  # how this sentencepiece gives offsets: found at first use
 
     def __len__(self) -> int:
         return self.sp.get_piece_size()
@@ -56,6 +57,22 @@ class Vocab:
 
     def encode(self, lines: list[str]) -> list[list[int]]:
         return self.sp.encode(lines)
+
+    def encode_with_offsets(self, lines: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """The pieces of each line (those `encode` gives) and the (begin, end) character offsets of the line, as
+        given before sentencepiece's normalisation, that each piece stands for."""
+        if self._offsets_form is None:
+            self._offsets_form = _offsets_form(self.sp)
+        if self._offsets_form == "offset_mapping":
+            return [
+                (m["ids"], [tuple(o) for o in m["offsets"]]) for m in self.sp.encode(lines, out_type="offset_mapping")
+            ]
+        if self._offsets_form == "immutable_proto":
+            protos = self.sp.encode(lines, out_type="immutable_proto")
+            pieces = [[(p.id, p.begin, p.end) for p in proto.pieces] for proto in protos]
+        else:
+            pieces = [_piece_offsets(data) for data in self.sp.encode(lines, out_type="serialized_proto")]
+        return [_in_characters(line, line_pieces) for line, line_pieces in zip(lines, pieces)]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode(ids)
@@ -73,6 +90,75 @@ class Vocab:
             return cls(path.read_bytes())
         except (OSError, RuntimeError) as e:
             raise UserError(f"cannot load the vocabulary {path}: {e}") from None
+
+
+def _offsets_form(sp: spm.SentencePieceProcessor) -> str:
+    """The fastest form of an encoding with offsets that this sentencepiece gives: "offset_mapping" (character
+    offsets, in the newest releases), "immutable_proto" (byte offsets; refused after 0.2.0), else the
+    "serialized_proto" every release gives, read here ("proto" would need protobuf installed, and is the
+    serialized bytes in 0.2.0)."""
+    for form in ("offset_mapping", "immutable_proto"):
+        try:
+            sp.encode(["a b"], out_type=form)
+        except Exception:  # an unknown form is a ValueError in some releases, a RuntimeError in others
+            continue
+        return form
+    return "serialized_proto"
+
+
+def _in_characters(line: str, pieces: list[tuple[int, int, int]]) -> tuple[list[int], list[tuple[int, int]]]:
+    """(ids, character offsets) from (id, begin byte, end byte) of each piece of `line`."""
+    char_at = [0] * (len(line.encode("utf-8")) + 1)
+    at = 0
+    for i, ch in enumerate(line):
+        size = len(ch.encode("utf-8"))
+        char_at[at : at + size] = [i] * size
+        at += size
+    char_at[at] = len(line)
+    return [p for p, _, _ in pieces], [(char_at[b], char_at[e]) for _, b, e in pieces]
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i
+        shift += 7
+
+
+def _piece_offsets(data: bytes) -> list[tuple[int, int, int]]:
+    """(id, begin, end) of each piece of a serialized SentencePieceText: its field 2 holds the pieces, each with
+    id (field 2), begin (4) and end (5) as varints; the other fields (text, surface, score) are skipped."""
+    pieces, i = [], 0
+    while i < len(data):
+        key, i = _varint(data, i)
+        wire = key & 7
+        if wire == 0:
+            _, i = _varint(data, i)
+            continue
+        if wire in (1, 5):  # a fixed 64- or 32-bit value (the score is a float)
+            i += 8 if wire == 1 else 4
+            continue
+        if wire != 2:
+            raise ValueError(f"unexpected protobuf wire type {wire}")
+        size, i = _varint(data, i)
+        if key >> 3 == 2:
+            fields, j, end = {}, i, i + size
+            while j < end:
+                k, j = _varint(data, j)
+                if k & 7 == 0:
+                    fields[k >> 3], j = _varint(data, j)
+                elif k & 7 == 2:
+                    length, j = _varint(data, j)
+                    j += length
+                else:
+                    j += 8 if k & 7 == 1 else 4
+            pieces.append((fields.get(2, 0), fields.get(4, 0), fields.get(5, 0)))
+        i += size
+    return pieces
 
 
 def train_vocab(
