@@ -2,8 +2,8 @@
 encoder weights under tcli's names (any HF BERT class: BertModel, BertForPreTraining, BertForMaskedLM, a
 classifier; their heads are left out).
 
-What `tcli finetune` checks of a folder (finetune/setup.py `_hf_init`) is checked here the same way: the keys
-that change the function, integer sizes, every tensor's name and shape, before any weight is loaded.
+`tcli finetune` (finetune/setup.py `_hf_init`) and `tcli embed` both read a folder here: the keys that change the
+function, integer sizes, every tensor's name and shape are checked before any weight is loaded.
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from transformer_cli.config import INIT_NONE_ARCHITECTURE, BertModelConfig, FinetuneRunConfig, FinetuneTrainConfig
 from transformer_cli.core.console import say
 from transformer_cli.core.errors import UserError, quote
@@ -232,113 +230,20 @@ def scratch_vocab(cfg: FinetuneRunConfig, data: LabelledData) -> Vocab:
 
 
 def _hf_init(folder: Path, cfg: FinetuneRunConfig) -> InitSource:
-    """A Hugging Face BERT folder: config.json, model.safetensors or pytorch_model.bin, and its tokenizer."""
-    from transformer_cli.export.hf import DROPOUT_KEYS, SIZE_KEYS, check_function_keys, check_integers, read_json_object
-    from transformer_cli.vocab.bert_tokenizer import tokenizer_of_hf_folder
+    """A Hugging Face BERT folder: config.json, model.safetensors or pytorch_model.bin, and its tokenizer, read and
+    checked by export/hf_folder.py (as `tcli embed` reads one), under BertClassifier names."""
+    from transformer_cli.export.hf_folder import read_hf_encoder
 
-    where = f"model.init {folder}"
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise UserError(f"{where}: no config.json; give a Hugging Face BERT folder (or a tcli checkpoint)")
-    hf = read_json_object(config_path)
-    if hf.get("model_type", "bert") != "bert":
-        raise UserError(f"{config_path}: model_type {hf.get('model_type')!r} is not bert")
-    check_function_keys(hf, str(config_path))  # as --init-from-hf: layer_norm_eps, is_decoder, ... of tcli's BERT
-    check_integers(hf, [*SIZE_KEYS, "vocab_size"], str(config_path))  # (a missing one: "not a BERT config" below)
-    if isinstance(hf.get("hidden_size"), int) and isinstance(hf.get("num_attention_heads"), int):
-        if hf["num_attention_heads"] < 1 or hf["hidden_size"] % hf["num_attention_heads"]:
-            raise UserError(
-                f"{config_path}: hidden_size {hf['hidden_size']} is not divisible by num_attention_heads "
-                f"{hf['num_attention_heads']}; not a BERT config"
-            )
-    try:
-        encoder = BertModelConfig(
-            **{ours: hf[key] for key, ours in SIZE_KEYS.items()},
-            **{ours: hf.get(key, 0.1) for key, ours in DROPOUT_KEYS.items()},
-        )
-        vocab_size = int(hf["vocab_size"])
-    except ValidationError as e:  # a value out of tcli's bounds, named by its key in config.json
-        error = e.errors()[0]
-        ours = str(error["loc"][0]) if error.get("loc") else ""
-        key = next((key for key, field in {**SIZE_KEYS, **DROPOUT_KEYS}.items() if field == ours), ours)
-        raise UserError(
-            f"{config_path}: {key} is {quote(hf.get(key), 40)}: {error['msg'].lower()}; not a BERT config tcli loads"
-        ) from None
-    except (KeyError, ValueError, TypeError) as e:
-        raise UserError(f"{config_path}: not a BERT config ({str(e).splitlines()[0][:120]})") from None
-    tokenizer = tokenizer_of_hf_folder(folder)
-    if len(tokenizer) > vocab_size:
-        raise UserError(
-            f"{where}: the tokenizer's ids go up to {len(tokenizer) - 1} but config.json vocab_size is {vocab_size}"
-        )
-    weights = _hf_encoder_weights(folder, encoder, vocab_size)
-    return InitSource(_with_dropout(encoder, cfg), vocab_size, tokenizer, weights, f"Hugging Face BERT {folder}")
+    hf = read_hf_encoder(folder, f"model.init {folder}")
+    # BertForMaskedLM and BertForTokenClassification folders have no pooler: as transformers does, the classifier
+    # starts it from its own (seeded) initial weights, not from the zeros that stood in for it through the checks.
+    weights = {f"bert.{k}": v for k, v in hf.weights.items() if hf.has_pooler or not f"bert.{k}".startswith(POOLER)}
+    return InitSource(
+        _with_dropout(hf.encoder, cfg), hf.vocab_size, hf.tokenizer, weights, f"Hugging Face BERT {folder}"
+    )
 
 
 POOLER = "bert.pooler."  # the classifier's pooler weights (a HF folder may lack them)
-
-
-def _hf_encoder_weights(folder: Path, encoder: BertModelConfig, vocab_size: int) -> dict[str, Tensor]:
-    """The folder's encoder and pooler weights under BertClassifier names; heads of any HF class are ignored."""
-    import torch
-
-    from transformer_cli.checkpoint import check_weights
-    from transformer_cli.export.hf import from_hf_state_dict, to_hf_state_dict
-
-    raw = _read_hf_weights(folder)
-    hf: dict[str, Tensor] = {}
-    for name, tensor in raw.items():  # BertModel saves without the "bert." prefix; old files use gamma/beta
-        name = name if name.startswith(("bert.", "cls.")) else f"bert.{name}"
-        hf[name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")] = tensor
-    # BertForMaskedLM and BertForTokenClassification folders have no pooler: as transformers does, the classifier
-    # starts it from its own (seeded) initial weights. Zeros stand in for it through the mapping and the checks.
-    no_pooler = not any(name.startswith("bert.pooler.") for name in hf)
-    if no_pooler:
-        d = encoder.d_model
-        hf = {**hf, "bert.pooler.dense.weight": torch.zeros(d, d), "bert.pooler.dense.bias": torch.zeros(d)}
-    from transformer_cli.models.bert import Bert
-
-    with torch.device("meta"):
-        ref = Bert(
-            vocab_size,
-            encoder.d_model,
-            encoder.layers,
-            encoder.heads,
-            encoder.ffn_dim,
-            encoder.max_positions,
-            pretraining_heads=False,
-        ).state_dict()
-        hf_ref = to_hf_state_dict(ref, encoder.layers, heads=False)
-    # Every tensor checked as the folder names it (a query of another shape, a sparse or float8 tensor, a number
-    # in place of a tensor), before the mapping joins query, key and value into one.
-    if all(k in hf for k in hf_ref):  # (a missing one: from_hf_state_dict names it, "not a BERT model")
-        check_weights({k: hf[k] for k in hf_ref}, hf_ref, f"model.init {folder}")
-    try:
-        out = {f"bert.{k}": v for k, v in from_hf_state_dict(hf, encoder.layers, heads=False).items()}
-    except UserError as e:
-        raise UserError(f"model.init {folder}: {e}") from None
-    check_weights({k.removeprefix("bert."): v for k, v in out.items()}, ref, f"model.init {folder}")
-    return {k: v.float() for k, v in out.items() if not (no_pooler and k.startswith(POOLER))}
-
-
-def _read_hf_weights(folder: Path) -> dict[str, Tensor]:
-    path = folder / "model.safetensors"
-    if path.is_file():
-        from transformer_cli.export.hf import _read_safetensors
-
-        return _read_safetensors(path)
-    path = folder / "pytorch_model.bin"
-    if not path.is_file():
-        raise UserError(f"model.init {folder}: no model.safetensors or pytorch_model.bin")
-    from transformer_cli.checkpoint import torch_load
-
-    try:
-        state = torch_load(path)
-    except Exception as e:  # a damaged or foreign file
-        raise UserError(f"{path} is not a readable weights file ({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(state, dict):
-        raise UserError(f"{path} holds no state dict")
-    return state
 
 
 # ----------------------------------------------------------------------------- the run lifecycle
