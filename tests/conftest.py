@@ -93,6 +93,31 @@ def one_line_error(outcome: Any, *fragments: str) -> str:
     return line
 
 
+def write_hf_bert(
+    folder: Path, vocab: list[str], tokenizer_config: dict, layers: int = 2, cls: str = "BertModel"
+) -> Path:
+    """A tiny Hugging Face BERT folder as transformers saves one: `vocab.txt` (WordPiece, no tokenizer.json),
+    `tokenizer_config.json`, and `cls`'s random weights (seed 0; d 32, 2 heads, FFN 64, 64 positions)."""
+    import json
+
+    import torch
+    import transformers
+
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    config = transformers.BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    getattr(transformers, cls)(config).save_pretrained(folder)
+    return folder
+
+
 def run_tcli(*args: str, cwd: Path | None = None, input: str | None = None) -> subprocess.CompletedProcess:
     """`tcli ARGS` in this process, through the same `main()` a user's command runs: exit code, stdout, stderr.
 

@@ -4,14 +4,13 @@ occurrences (English and Chinese), nearest lines, and one-line errors."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from ..conftest import one_line_error, run_tcli
+from ..conftest import one_line_error, run_tcli, write_hf_bert
 from .test_fill_mask_evaluate_bert import bert_run  # noqa: F401 - the module's trained BERT, reused
 
 LINES = [
@@ -194,25 +193,13 @@ def test_a_fine_tuned_checkpoint_gives_its_encoders_vectors(tmp_path, ckpt):
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory) -> Path:
     """A random tiny BertModel with a lower-casing WordPiece vocab.txt holding Chinese characters."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     folder = tmp_path_factory.mktemp("hf")
     words = "the cat sat on mat a dog ran to house quick ##ly garden . , !".split()
     words += list("我喜欢吃苹果很好他买了手机。")  # full-width punctuation too
     letters = "abcdefghijklmnopqrstuvwxyz"
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *letters, *[f"##{c}" for c in letters]]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-    config = transformers.BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    transformers.BertModel(config).save_pretrained(folder)
-    return folder
+    return write_hf_bert(folder, vocab, {"do_lower_case": True})
 
 
 HF_LINES = ["The cat sat on the mat.", "A dog ran to the house, quickly!", "我喜欢吃苹果", "他买了苹果手机。", "很好"]

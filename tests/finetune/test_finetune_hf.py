@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from transformer_cli.cli import app
 from transformer_cli.config import FinetuneRunConfig, load_config
 
-from ..conftest import ROOT
+from ..conftest import ROOT, write_hf_bert
 
 transformers = pytest.importorskip("transformers")
 TEXTS = ["The cat sat on the mat.", "A dog ran to the house, quickly!", "unbelievable GARDEN friends"]
@@ -48,19 +48,7 @@ def wordpiece_folder(tmp_path_factory) -> Path:
         *"abcdefghijklmnopqrstuvwxyz",
         *[f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"],
     ]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-    config = transformers.BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    transformers.BertModel(config).save_pretrained(folder)
-    return folder
+    return write_hf_bert(folder, vocab, {"do_lower_case": True})
 
 
 def _cfg(init: Path, data: Path, *extra: str) -> FinetuneRunConfig:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import one_line_error, run_tcli
+from ..conftest import one_line_error, run_tcli, write_hf_bert
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -47,19 +47,9 @@ def zh_folder(tmp_path_factory) -> Path:
     english = ["hotel", "cafe", "café", "ip", "##hone", "pro", "12", "##99", "59", "¥", "ｈ", "##ｏ", "##ｔ"]
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *english, *chars, "Hotel", "CAFÉ", "##s"]
     vocab = list(dict.fromkeys(vocab))
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False, "tokenize_chinese_chars": True}))
-    config = transformers.BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
+    return write_hf_bert(
+        folder, vocab, {"do_lower_case": False, "tokenize_chinese_chars": True}, layers=1, cls="BertForMaskedLM"
     )
-    torch.manual_seed(0)
-    transformers.BertForMaskedLM(config).save_pretrained(folder)
-    return folder
 
 
 def _variant(zh_folder: Path, tmp_path: Path, settings: dict, tokenizer_json: dict | None = None) -> Path:
